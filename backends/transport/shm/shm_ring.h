@@ -1,0 +1,51 @@
+/*
+ * Shared-memory transport between ranks of one host.
+ *
+ * Each rank owns one "inbox" segment (a file in DSHIM_SHM_DIR, mmapped
+ * MAP_SHARED) holding one single-producer/single-consumer ring per possible
+ * sender plus one 32-bit doorbell.  A sender writes into the receiver's inbox
+ * ring for (sender -> receiver); the receiver reads from its own inbox.
+ *
+ * Doorbell: whenever a rank makes progress that another rank may be waiting
+ * for (data written into the peer's ring, or space freed in a ring the peer
+ * writes to), it increments that peer's doorbell and futex-wakes it if the
+ * peer announced it is sleeping.  A waiter reads its doorbell, re-checks its
+ * conditions, then sleeps on the doorbell value it read: no lost wake-ups,
+ * and no system call at all on the hot path while nobody sleeps.
+ */
+#ifndef DSHIM_SHM_RING_H
+#define DSHIM_SHM_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "dshim.h"
+#include "transport/transport.h"
+
+typedef struct dshim_shm_seg dshim_shm_seg_t;
+
+/* Owner side: creates (O_EXCL) and maps DIR/NAME with `nrings` rings of
+ * ring_size bytes (a power of two >= 4096). */
+dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nrings, size_t ring_size,
+                                    dshim_shm_seg_t **seg_p);
+/* Peer side: maps an existing segment; checks its header (magic, nrings,
+ * ring_size) and fails with DSHIM_ERR_PROTOCOL on a mismatch. */
+dshim_status_t dshim_shm_seg_attach(const char *dir, const char *name, int nrings, size_t ring_size,
+                                    dshim_shm_seg_t **seg_p);
+/* Removes the file (mappings stay valid).  Called once every peer attached. */
+void dshim_shm_seg_unlink(dshim_shm_seg_t *seg);
+void dshim_shm_seg_detach(dshim_shm_seg_t *seg);
+
+/* Connection my_rank <-> peer_rank.  Sends go to peer_inbox's ring number
+ * my_rank; receives come from my_inbox's ring number peer_rank.  The
+ * connection takes ownership of control_fd (closes it on destroy) but not of
+ * the segments. */
+dshim_status_t dshim_shm_conn_create(dshim_shm_seg_t *my_inbox, dshim_shm_seg_t *peer_inbox,
+                                     int my_rank, int peer_rank, int control_fd, dshim_conn_t **conn_p);
+
+/* Doorbell of a segment (use it on my_inbox). */
+uint32_t dshim_shm_doorbell_read(dshim_shm_seg_t *seg);
+/* Sleeps while the doorbell still equals `seen`, at most timeout_us.
+ * Returns DSHIM_OK on wake/timeout alike (callers re-check their state). */
+dshim_status_t dshim_shm_doorbell_wait(dshim_shm_seg_t *seg, uint32_t seen, long timeout_us);
+
+#endif

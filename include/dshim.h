@@ -1,0 +1,202 @@
+/*
+ * dshim public C API.
+ *
+ * A communicator joins `size` processes (ranks) through a small TCP rendezvous
+ * store, then moves data over shared memory between ranks of one host and over
+ * TCP between hosts.  Every collective exists in a blocking form and in a
+ * non-blocking form (prefix `i`) returning a request; requests of one
+ * communicator complete in the order they were issued.
+ *
+ * Errors: every call returns a dshim_status_t; on failure dshim_last_error()
+ * returns a one-line message (thread-local) naming the rank, the peer and the
+ * cause.  A communicator that saw a communication error is poisoned: later
+ * calls on it fail fast with the same message.
+ */
+#ifndef DSHIM_H
+#define DSHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DSHIM_EXPORT __attribute__((visibility("default")))
+#else
+#define DSHIM_EXPORT
+#endif
+
+#define DSHIM_VERSION_MAJOR 0
+#define DSHIM_VERSION_MINOR 1
+#define DSHIM_VERSION_PATCH 0
+
+typedef enum dshim_status {
+    DSHIM_OK              = 0,
+    DSHIM_INPROGRESS      = 1,   /* non-blocking operation not finished yet */
+    DSHIM_ERR_INVALID     = -1,  /* bad argument or bad configuration value */
+    DSHIM_ERR_NOMEM       = -2,
+    DSHIM_ERR_SYSTEM      = -3,  /* a system call failed (errno in the message) */
+    DSHIM_ERR_TIMEOUT     = -4,  /* DSHIM_TIMEOUT elapsed without progress */
+    DSHIM_ERR_PEER        = -5,  /* a peer died or closed its connection */
+    DSHIM_ERR_MISMATCH    = -6,  /* ranks called different collectives */
+    DSHIM_ERR_PROTOCOL    = -7,  /* garbage or a wrong token on the wire */
+    DSHIM_ERR_ABORTED     = -8,  /* communicator aborted (locally or by a peer) */
+    DSHIM_ERR_UNSUPPORTED = -9,
+    DSHIM_ERR_INTERNAL    = -10,
+} dshim_status_t;
+
+typedef enum dshim_dtype {
+    DSHIM_INT8 = 0,
+    DSHIM_UINT8,
+    DSHIM_INT32,
+    DSHIM_UINT32,
+    DSHIM_INT64,
+    DSHIM_UINT64,
+    DSHIM_FLOAT16,
+    DSHIM_BFLOAT16,
+    DSHIM_FLOAT32,
+    DSHIM_FLOAT64,
+    DSHIM_FLOAT8_E4M3,  /* OCP fp8 e4m3fn (no infinities) */
+    DSHIM_FLOAT8_E5M2,  /* OCP fp8 e5m2 */
+    DSHIM_DTYPE_COUNT
+} dshim_dtype_t;
+
+typedef enum dshim_redop {
+    DSHIM_SUM = 0,
+    DSHIM_PROD,
+    DSHIM_MIN,
+    DSHIM_MAX,
+    DSHIM_AVG,   /* sum, then divided by the communicator size on every rank */
+    DSHIM_REDOP_COUNT
+} dshim_redop_t;
+
+typedef struct dshim_comm dshim_comm_t;
+typedef struct dshim_request dshim_request_t;
+
+/* Explicit communicator creation.  Rank `0` hosts the rendezvous store at
+ * store_addr:store_port unless store_external is set (launcher-hosted). */
+typedef struct dshim_comm_args {
+    int         rank;
+    int         size;
+    const char *store_addr;     /* host name or IPv4 address */
+    int         store_port;
+    const char *token;          /* job token; NULL = derived (see docs) */
+    int         store_external; /* 1: the store is hosted by someone else */
+} dshim_comm_args_t;
+
+/* From the environment: DSHIM_RANK/RANK/OMPI_COMM_WORLD_RANK/PMI_RANK/
+ * SLURM_PROCID, the matching size variables, MASTER_ADDR/MASTER_PORT or
+ * DSHIM_STORE_ADDR/DSHIM_STORE_PORT. */
+DSHIM_EXPORT dshim_status_t dshim_comm_init_env(dshim_comm_t **comm_p);
+DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim_comm_t **comm_p);
+/* Collective over `comm`: ranks with the same color form a new communicator,
+ * ordered by (key, old rank).  color < 0: *newcomm_p = NULL. */
+DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int key,
+                                             dshim_comm_t **newcomm_p);
+/* Waits for outstanding requests, then closes everything. */
+DSHIM_EXPORT dshim_status_t dshim_comm_destroy(dshim_comm_t *comm);
+/* Fails outstanding and future operations at once; peers see an error too. */
+DSHIM_EXPORT dshim_status_t dshim_comm_abort(dshim_comm_t *comm, const char *reason);
+DSHIM_EXPORT int dshim_comm_rank(const dshim_comm_t *comm);
+DSHIM_EXPORT int dshim_comm_size(const dshim_comm_t *comm);
+/* First error seen by the communicator (DSHIM_OK if none); message copied. */
+DSHIM_EXPORT dshim_status_t dshim_comm_get_error(dshim_comm_t *comm, char *msg, size_t msg_len);
+
+DSHIM_EXPORT const char *dshim_last_error(void);
+DSHIM_EXPORT const char *dshim_status_string(dshim_status_t status);
+DSHIM_EXPORT size_t dshim_dtype_size(dshim_dtype_t dtype);
+DSHIM_EXPORT const char *dshim_dtype_name(dshim_dtype_t dtype);
+DSHIM_EXPORT const char *dshim_redop_name(dshim_redop_t op);
+
+/* Requests. test: *done_p = 1 once complete (status returned is the
+ * operation's).  wait: blocks until complete.  free: releases the request
+ * (waits first if it is still running). */
+DSHIM_EXPORT dshim_status_t dshim_test(dshim_request_t *req, int *done_p);
+DSHIM_EXPORT dshim_status_t dshim_wait(dshim_request_t *req);
+DSHIM_EXPORT void dshim_request_free(dshim_request_t *req);
+
+/* Collectives.  sendbuf == recvbuf means in place.  Counts are elements. */
+DSHIM_EXPORT dshim_status_t dshim_allreduce(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                            size_t count, dshim_dtype_t dtype, dshim_redop_t op);
+DSHIM_EXPORT dshim_status_t dshim_iallreduce(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                             size_t count, dshim_dtype_t dtype, dshim_redop_t op,
+                                             dshim_request_t **req_p);
+DSHIM_EXPORT dshim_status_t dshim_broadcast(dshim_comm_t *comm, void *buf, size_t count,
+                                            dshim_dtype_t dtype, int root);
+DSHIM_EXPORT dshim_status_t dshim_ibroadcast(dshim_comm_t *comm, void *buf, size_t count,
+                                             dshim_dtype_t dtype, int root, dshim_request_t **req_p);
+/* recvbuf significant only at root. */
+DSHIM_EXPORT dshim_status_t dshim_reduce(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                         size_t count, dshim_dtype_t dtype, dshim_redop_t op, int root);
+DSHIM_EXPORT dshim_status_t dshim_ireduce(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                          size_t count, dshim_dtype_t dtype, dshim_redop_t op, int root,
+                                          dshim_request_t **req_p);
+/* recvbuf holds size*count elements, rank r's block at r*count. */
+DSHIM_EXPORT dshim_status_t dshim_allgather(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                            size_t count, dshim_dtype_t dtype);
+DSHIM_EXPORT dshim_status_t dshim_iallgather(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                             size_t count, dshim_dtype_t dtype, dshim_request_t **req_p);
+/* Uneven: rank r contributes counts[r] elements placed at displs[r]. */
+DSHIM_EXPORT dshim_status_t dshim_allgatherv(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                             const size_t *counts, const size_t *displs, dshim_dtype_t dtype);
+DSHIM_EXPORT dshim_status_t dshim_iallgatherv(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                              const size_t *counts, const size_t *displs,
+                                              dshim_dtype_t dtype, dshim_request_t **req_p);
+/* sendbuf holds size*recvcount elements; rank r gets block r reduced. */
+DSHIM_EXPORT dshim_status_t dshim_reduce_scatter(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                                 size_t recvcount, dshim_dtype_t dtype, dshim_redop_t op);
+DSHIM_EXPORT dshim_status_t dshim_ireduce_scatter(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                                  size_t recvcount, dshim_dtype_t dtype, dshim_redop_t op,
+                                                  dshim_request_t **req_p);
+/* Each rank sends block j (count elements) to rank j. */
+DSHIM_EXPORT dshim_status_t dshim_alltoall(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                           size_t count, dshim_dtype_t dtype);
+DSHIM_EXPORT dshim_status_t dshim_ialltoall(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                            size_t count, dshim_dtype_t dtype, dshim_request_t **req_p);
+DSHIM_EXPORT dshim_status_t dshim_alltoallv(dshim_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                                            const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                                            const size_t *rdispls, dshim_dtype_t dtype);
+DSHIM_EXPORT dshim_status_t dshim_ialltoallv(dshim_comm_t *comm, const void *sendbuf, const size_t *sendcounts,
+                                             const size_t *sdispls, void *recvbuf, const size_t *recvcounts,
+                                             const size_t *rdispls, dshim_dtype_t dtype,
+                                             dshim_request_t **req_p);
+/* recvbuf (size*count) significant only at root. */
+DSHIM_EXPORT dshim_status_t dshim_gather(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                         size_t count, dshim_dtype_t dtype, int root);
+DSHIM_EXPORT dshim_status_t dshim_igather(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                          size_t count, dshim_dtype_t dtype, int root, dshim_request_t **req_p);
+/* sendbuf (size*count) significant only at root. */
+DSHIM_EXPORT dshim_status_t dshim_scatter(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                          size_t count, dshim_dtype_t dtype, int root);
+DSHIM_EXPORT dshim_status_t dshim_iscatter(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                           size_t count, dshim_dtype_t dtype, int root, dshim_request_t **req_p);
+/* Point to point; the receiver must post the same count and dtype. */
+DSHIM_EXPORT dshim_status_t dshim_send(dshim_comm_t *comm, const void *buf, size_t count,
+                                       dshim_dtype_t dtype, int peer);
+DSHIM_EXPORT dshim_status_t dshim_isend(dshim_comm_t *comm, const void *buf, size_t count,
+                                        dshim_dtype_t dtype, int peer, dshim_request_t **req_p);
+DSHIM_EXPORT dshim_status_t dshim_recv(dshim_comm_t *comm, void *buf, size_t count,
+                                       dshim_dtype_t dtype, int peer);
+DSHIM_EXPORT dshim_status_t dshim_irecv(dshim_comm_t *comm, void *buf, size_t count,
+                                        dshim_dtype_t dtype, int peer, dshim_request_t **req_p);
+DSHIM_EXPORT dshim_status_t dshim_barrier(dshim_comm_t *comm);
+DSHIM_EXPORT dshim_status_t dshim_ibarrier(dshim_comm_t *comm, dshim_request_t **req_p);
+
+/* Counters of what went through dshim (used by tests to prove a path ran). */
+typedef struct dshim_stats {
+    uint64_t collectives;
+    uint64_t bytes_sent;
+    uint64_t bytes_received;
+} dshim_stats_t;
+DSHIM_EXPORT void dshim_comm_stats(const dshim_comm_t *comm, dshim_stats_t *stats);
+
+/* Prints every DSHIM_* variable (and the frameworks' variables dshim reads)
+ * with its default, current value and help to the stream (a FILE*). */
+DSHIM_EXPORT void dshim_print_config(void *file);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DSHIM_H */

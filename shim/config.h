@@ -1,0 +1,38 @@
+/* The parsed configuration: one immutable struct filled from shim/params.def. */
+#ifndef DSHIM_CONFIG_H
+#define DSHIM_CONFIG_H
+
+#include <stdio.h>
+#include "dshim.h"
+
+typedef enum { DSHIM_PTYPE_STR, DSHIM_PTYPE_INT, DSHIM_PTYPE_SIZE, DSHIM_PTYPE_BOOL, DSHIM_PTYPE_DOUBLE } dshim_ptype_t;
+
+#define DSHIM_PT_STR    char *
+#define DSHIM_PT_INT    long
+#define DSHIM_PT_SIZE   size_t
+#define DSHIM_PT_BOOL   int
+#define DSHIM_PT_DOUBLE double
+
+typedef struct dshim_config {
+#define DSHIM_PARAM(field, type, env, def, help) DSHIM_PT_##type field;
+#define DSHIM_FOREIGN(field, type, env, def, help) DSHIM_PT_##type field;
+#include "params.def"
+#undef DSHIM_PARAM
+#undef DSHIM_FOREIGN
+    /* which fields were set from the environment (index = table row) */
+    unsigned char from_env[64];
+} dshim_config_t;
+
+/* Parses the environment once (thread-safe); later calls return the same
+ * struct.  A bad value is reported and replaced by its default. */
+const dshim_config_t *dshim_config(void);
+/* Reparse (tests only). Returns DSHIM_ERR_INVALID if any value was bad,
+ * with the message in dshim_last_error(). */
+dshim_status_t dshim_config_reload(void);
+/* Parse one value with the table's parser for that variable (tests, CLI). */
+dshim_status_t dshim_config_parse_size(const char *text, size_t *out);
+dshim_status_t dshim_config_parse_bool(const char *text, int *out);
+/* Writes the table as markdown (docs/env-vars.md) or as text. */
+void dshim_config_print(FILE *out, int markdown);
+
+#endif
