@@ -101,6 +101,8 @@ DSHIM_EXPORT dshim_status_t dshim_comm_destroy(dshim_comm_t *comm);
 DSHIM_EXPORT dshim_status_t dshim_comm_abort(dshim_comm_t *comm, const char *reason);
 DSHIM_EXPORT int dshim_comm_rank(const dshim_comm_t *comm);
 DSHIM_EXPORT int dshim_comm_size(const dshim_comm_t *comm);
+/* "shm", "tcp", "shm+tcp" or "self": what carries this rank's traffic. */
+DSHIM_EXPORT const char *dshim_comm_transport(const dshim_comm_t *comm);
 /* First error seen by the communicator (DSHIM_OK if none); message copied. */
 DSHIM_EXPORT dshim_status_t dshim_comm_get_error(dshim_comm_t *comm, char *msg, size_t msg_len);
 

@@ -10,7 +10,7 @@
  *    taken (0 when the stream is full).  Never blocks.
  *  - recv: copies up to len received bytes into buf; *n_p = bytes given
  *    (0 when none are there yet).
- *  - peek/consume: zero-copy reading.  peek sets *ptr_p/*avail_p to the
+ *  - peek/consume: zero-copy reading.  peek sets *ptr_p and *avail_p to the
  *    received bytes that are contiguous in the transport's own memory
  *    (*avail_p = 0 when none); the bytes stay valid and in place until
  *    consume(n) releases the first n of them.  recv and peek/consume may be

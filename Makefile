@@ -1,0 +1,33 @@
+# Thin wrapper over CMake.  `make test` and `make demo` are the two commands
+# a new user runs on a fresh Debian machine (see README.md).
+BUILD      ?= build
+JOBS       ?= 2
+CMAKE_ARGS ?=
+
+.PHONY: all setup build test test-fast test-sanitizers demo bench clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+build:
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS) >/dev/null
+	@$(MAKE) --no-print-directory -C $(BUILD) -j$(JOBS)
+
+# Every test: the normal build, then ASan+UBSan and TSan builds of the core.
+test: setup build
+	@scripts/run_tests.sh $(BUILD)
+
+test-fast: build
+	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE slow
+
+demo: setup build
+	@scripts/demo.sh $(BUILD)
+
+bench: setup build
+	@.venv/bin/python bench/run_bench.py --build $(BUILD) --venv .venv --np 2,4 \
+	    --sizes 4K,64K,1M,16M,64M --reps 3 --out docs/benchmarks.md
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan

@@ -1,0 +1,193 @@
+/*
+ * The "shm" dshim_conn: sends go into ring `my_rank` of the peer's inbox,
+ * receives come from ring `peer_rank` of our own inbox.  Every call that
+ * moves bytes rings the peer's doorbell (its inbox), since the peer waits on
+ * that one bell for both "data arrived" and "space freed".
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "status.h"
+#include "transport/shm/shm_layout.h"
+
+/* Calls without progress between two looks at the control socket: a poll()
+ * system call costs about as much as one small message, so looking on every
+ * idle call would double the latency of a busy-polling waiter. */
+#define SHM_DEATH_CHECK_EVERY 64u
+
+typedef struct shm_conn {
+    dshim_conn_t base;  /* first: the engine casts between the two */
+    dshim_shm_seg_t *my_inbox;
+    dshim_shm_seg_t *peer_inbox;
+    dshim_shm_producer_t tx;
+    dshim_shm_consumer_t rx;
+    unsigned idle_calls;
+} shm_conn_t;
+
+/* The peer's process exit closes its end of the control socket; the kernel
+ * then reports POLLRDHUP/POLLHUP (or POLLERR after a reset) on ours. */
+static int control_socket_dead(int fd)
+{
+    if (fd < 0) {
+        return 0;
+    }
+    struct pollfd pfd = {.fd = fd, .events = POLLRDHUP, .revents = 0};
+    int r = poll(&pfd, 1, 0);
+    return r > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static dshim_status_t peer_gone(shm_conn_t *sc)
+{
+    return dshim_error(DSHIM_ERR_PEER, "shm: peer rank %d closed its control socket (process exited or "
+                                       "crashed) while we exchanged data with it",
+                       sc->base.peer);
+}
+
+/* Called by an operation that moved nothing.  Returns non-zero when the
+ * peer is known to be gone. */
+static int idle_peer_dead(shm_conn_t *sc)
+{
+    sc->idle_calls++;
+    if (sc->idle_calls % SHM_DEATH_CHECK_EVERY != 0) {
+        return 0;
+    }
+    return control_socket_dead(sc->base.fd);
+}
+
+static dshim_status_t shm_send(dshim_conn_t *c, const void *buf, size_t len, size_t *n_p)
+{
+    shm_conn_t *sc = (shm_conn_t *)c;
+    size_t n = dshim_shm_producer_write(&sc->tx, buf, len);
+    *n_p = n;
+    if (n > 0) {
+        sc->idle_calls = 0;
+        c->bytes_sent += n;
+        dshim_shm_doorbell_ring(sc->peer_inbox);
+        return DSHIM_OK;
+    }
+    if (len > 0 && idle_peer_dead(sc)) {
+        return peer_gone(sc);
+    }
+    return DSHIM_OK;
+}
+
+static void after_consume(shm_conn_t *sc, size_t n)
+{
+    sc->idle_calls = 0;
+    sc->base.bytes_received += n;
+    dshim_shm_doorbell_ring(sc->peer_inbox);
+}
+
+static dshim_status_t shm_recv(dshim_conn_t *c, void *buf, size_t len, size_t *n_p)
+{
+    shm_conn_t *sc = (shm_conn_t *)c;
+    size_t n = dshim_shm_consumer_read(&sc->rx, buf, len);
+    *n_p = n;
+    if (n > 0) {
+        after_consume(sc, n);
+        return DSHIM_OK;
+    }
+    if (len > 0 && idle_peer_dead(sc)) {
+        /* Bytes the peer wrote before it went away are still good: deliver
+         * them first (its last write may have landed after our first look). */
+        n = dshim_shm_consumer_read(&sc->rx, buf, len);
+        *n_p = n;
+        if (n > 0) {
+            after_consume(sc, n);
+            return DSHIM_OK;
+        }
+        return peer_gone(sc);
+    }
+    return DSHIM_OK;
+}
+
+static dshim_status_t shm_peek(dshim_conn_t *c, const void **ptr_p, size_t *avail_p)
+{
+    shm_conn_t *sc = (shm_conn_t *)c;
+    *avail_p = dshim_shm_consumer_peek(&sc->rx, ptr_p);
+    if (*avail_p > 0) {
+        sc->idle_calls = 0;
+        return DSHIM_OK;
+    }
+    if (idle_peer_dead(sc)) {
+        *avail_p = dshim_shm_consumer_peek(&sc->rx, ptr_p);
+        if (*avail_p > 0) {
+            return DSHIM_OK;
+        }
+        return peer_gone(sc);
+    }
+    return DSHIM_OK;
+}
+
+static dshim_status_t shm_consume(dshim_conn_t *c, size_t n)
+{
+    shm_conn_t *sc = (shm_conn_t *)c;
+    size_t have = dshim_shm_consumer_cached(&sc->rx);
+    if (n > have) {
+        return dshim_error(DSHIM_ERR_INVALID, "shm: consume of %zu bytes from peer rank %d but only %zu were "
+                                              "peeked", n, c->peer, have);
+    }
+    if (n == 0) {
+        return DSHIM_OK;
+    }
+    dshim_shm_consumer_release(&sc->rx, n);
+    after_consume(sc, n);
+    return DSHIM_OK;
+}
+
+static void shm_destroy(dshim_conn_t *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    if (c->fd >= 0) {
+        close(c->fd);
+    }
+    free(c);
+}
+
+static const dshim_transport_ops_t shm_ops = {
+    .name = "shm",
+    .send = shm_send,
+    .recv = shm_recv,
+    .peek = shm_peek,
+    .consume = shm_consume,
+    .destroy = shm_destroy,
+};
+
+/* On failure control_fd stays the caller's (it is closed only by destroy). */
+dshim_status_t dshim_shm_conn_create(dshim_shm_seg_t *my_inbox, dshim_shm_seg_t *peer_inbox, int my_rank,
+                                     int peer_rank, int control_fd, dshim_conn_t **conn_p)
+{
+    dshim_shm_ring_t tx_ring, rx_ring;
+
+    *conn_p = NULL;
+    if (my_inbox == NULL || peer_inbox == NULL) {
+        return dshim_error(DSHIM_ERR_INVALID, "shm: connection to peer rank %d needs both inbox segments",
+                           peer_rank);
+    }
+    if (dshim_shm_seg_ring_size(my_inbox) != dshim_shm_seg_ring_size(peer_inbox)) {
+        return dshim_error(DSHIM_ERR_INVALID, "shm: inboxes of rank %d and peer rank %d have different ring "
+                                              "sizes (%zu, %zu)", my_rank, peer_rank,
+                           dshim_shm_seg_ring_size(my_inbox), dshim_shm_seg_ring_size(peer_inbox));
+    }
+    DSHIM_CHECK(dshim_shm_seg_ring(peer_inbox, my_rank, &tx_ring));
+    DSHIM_CHECK(dshim_shm_seg_ring(my_inbox, peer_rank, &rx_ring));
+    shm_conn_t *sc = calloc(1, sizeof(*sc));
+    if (sc == NULL) {
+        return dshim_error(DSHIM_ERR_NOMEM, "shm: out of memory for the connection to peer rank %d", peer_rank);
+    }
+    sc->base.ops = &shm_ops;
+    sc->base.peer = peer_rank;
+    sc->base.fd = control_fd;
+    sc->base.is_shm = 1;
+    sc->my_inbox = my_inbox;
+    sc->peer_inbox = peer_inbox;
+    dshim_shm_producer_init(&sc->tx, &tx_ring);
+    dshim_shm_consumer_init(&sc->rx, &rx_ring);
+    *conn_p = &sc->base;
+    return DSHIM_OK;
+}

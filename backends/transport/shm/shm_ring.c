@@ -1,0 +1,486 @@
+/*
+ * Shared-memory segments (create/attach/unlink/detach), the SPSC ring ends
+ * and the doorbell futex.  Layout: see shm_layout.h.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "status.h"
+#include "transport/shm/shm_layout.h"
+
+/* Line 0 of the segment.  Fixed-width fields only: two processes built by
+ * different compilers must agree on it. */
+typedef struct shm_header {
+    uint64_t magic;     /* written last by the creator (release) */
+    uint32_t version;
+    uint32_t nrings;
+    uint64_t ring_size;
+    uint64_t total_bytes;
+} shm_header_t;
+
+/* Line 1: the only words that several processes write to (every peer rings
+ * the bell), so they get a line of their own, away from the read-mostly
+ * header and from every ring position. */
+typedef struct shm_bell {
+    uint32_t doorbell;
+    uint32_t sleepers;
+} shm_bell_t;
+
+_Static_assert(sizeof(shm_header_t) <= DSHIM_SHM_LINE, "header must fit one line");
+_Static_assert(sizeof(shm_bell_t) <= DSHIM_SHM_LINE, "doorbell must fit one line");
+
+struct dshim_shm_seg {
+    unsigned char *base;
+    size_t map_bytes;
+    int nrings;
+    size_t ring_size;
+    char *path;
+    int owner;     /* created it: detach removes the file if nobody did */
+    int unlinked;
+};
+
+static shm_header_t *seg_header(dshim_shm_seg_t *seg)
+{
+    return (shm_header_t *)seg->base;
+}
+
+static shm_bell_t *seg_bell(dshim_shm_seg_t *seg)
+{
+    return (shm_bell_t *)(seg->base + DSHIM_SHM_LINE);
+}
+
+static size_t ring_stride(size_t ring_size)
+{
+    return 2 * DSHIM_SHM_LINE + ring_size;
+}
+
+static dshim_status_t check_geometry(const char *dir, const char *name, int nrings, size_t ring_size)
+{
+    if (dir == NULL || dir[0] == '\0') {
+        return dshim_error(DSHIM_ERR_INVALID, "shm: empty segment directory: set DSHIM_SHM_DIR to a tmpfs "
+                                              "directory such as /dev/shm");
+    }
+    if (name == NULL || name[0] == '\0' || strchr(name, '/') != NULL || strcmp(name, ".") == 0 ||
+        strcmp(name, "..") == 0) {
+        return dshim_error(DSHIM_ERR_INVALID, "shm: segment name '%s' is not a plain file name",
+                           name ? name : "(null)");
+    }
+    if (nrings < 1 || nrings > DSHIM_SHM_MAX_RINGS) {
+        return dshim_error(DSHIM_ERR_INVALID, "shm: %d rings per segment is out of range (1..%d)", nrings,
+                           DSHIM_SHM_MAX_RINGS);
+    }
+    if (ring_size < DSHIM_SHM_MIN_RING || ring_size > DSHIM_SHM_MAX_RING || (ring_size & (ring_size - 1)) != 0) {
+        return dshim_error(DSHIM_ERR_INVALID,
+                           "shm: ring size %zu is not a power of two between %u and %zu: fix DSHIM_SHM_RING_SIZE",
+                           ring_size, DSHIM_SHM_MIN_RING, DSHIM_SHM_MAX_RING);
+    }
+    return DSHIM_OK;
+}
+
+static dshim_status_t seg_alloc(const char *dir, const char *name, int nrings, size_t ring_size,
+                                dshim_shm_seg_t **seg_p)
+{
+    dshim_shm_seg_t *seg = calloc(1, sizeof(*seg));
+    size_t path_len = strlen(dir) + 1 + strlen(name) + 1;
+    char *path = malloc(path_len);
+    if (seg == NULL || path == NULL) {
+        free(seg);
+        free(path);
+        return dshim_error(DSHIM_ERR_NOMEM, "shm: out of memory for a segment descriptor");
+    }
+    snprintf(path, path_len, "%s/%s", dir, name);
+    seg->path = path;
+    seg->nrings = nrings;
+    seg->ring_size = ring_size;
+    seg->map_bytes = 2 * DSHIM_SHM_LINE + (size_t)nrings * ring_stride(ring_size);
+    *seg_p = seg;
+    return DSHIM_OK;
+}
+
+static void seg_free(dshim_shm_seg_t *seg)
+{
+    if (seg->base != NULL) {
+        munmap(seg->base, seg->map_bytes);
+    }
+    free(seg->path);
+    free(seg);
+}
+
+/* tmpfs hands out pages at first touch and raises SIGBUS when it is full, so
+ * a /dev/shm too small for the rings (64 MiB in a default docker container)
+ * would crash mid-job.  Checking up front turns that into an error message;
+ * it is a hint, not a reservation (other processes may fill it later). */
+static dshim_status_t check_space(const char *dir, size_t bytes)
+{
+    struct statvfs vfs;
+    if (statvfs(dir, &vfs) != 0) {
+        return dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot stat directory %s: %s: set DSHIM_SHM_DIR to an "
+                                             "existing tmpfs directory", dir, strerror(errno));
+    }
+    unsigned long long avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
+    if (avail < bytes) {
+        return dshim_error(DSHIM_ERR_SYSTEM,
+                           "shm: %s has %llu bytes free but a segment needs %zu: enlarge it (docker run "
+                           "--shm-size), point DSHIM_SHM_DIR elsewhere or lower DSHIM_SHM_RING_SIZE",
+                           dir, avail, bytes);
+    }
+    return DSHIM_OK;
+}
+
+dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nrings, size_t ring_size,
+                                    dshim_shm_seg_t **seg_p)
+{
+    dshim_shm_seg_t *seg;
+    dshim_status_t st;
+
+    *seg_p = NULL;
+    DSHIM_CHECK(check_geometry(dir, name, nrings, ring_size));
+    DSHIM_CHECK(seg_alloc(dir, name, nrings, ring_size, &seg));
+    st = check_space(dir, seg->map_bytes);
+    if (st != DSHIM_OK) {
+        seg_free(seg);
+        return st;
+    }
+    /* O_EXCL: never adopt a file someone else made (a stale segment of a
+     * crashed job, or a file planted in the world-writable /dev/shm). */
+    int fd = open(seg->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        int err = errno;
+        st = dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot create segment %s: %s%s", seg->path, strerror(err),
+                         err == EEXIST ? " (left by a crashed job? remove it or change DSHIM_SHM_DIR)" : "");
+        seg_free(seg);
+        return st;
+    }
+    seg->owner = 1;
+    if (ftruncate(fd, (off_t)seg->map_bytes) != 0) {
+        st = dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot size segment %s to %zu bytes: %s", seg->path,
+                         seg->map_bytes, strerror(errno));
+        goto fail;
+    }
+    /* No MAP_POPULATE: most rings of a large job carry little traffic, and
+     * pages of the ones that do are faulted in on first use. */
+    void *base = mmap(NULL, seg->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        st = dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot map segment %s (%zu bytes): %s", seg->path,
+                         seg->map_bytes, strerror(errno));
+        goto fail;
+    }
+    seg->base = base;
+    close(fd);
+    fd = -1;
+
+    /* ftruncate zero-filled everything: positions, doorbell and sleepers
+     * start at 0.  The magic goes last so that a header that shows it is
+     * complete. */
+    shm_header_t *hdr = seg_header(seg);
+    hdr->version = DSHIM_SHM_VERSION;
+    hdr->nrings = (uint32_t)nrings;
+    hdr->ring_size = ring_size;
+    hdr->total_bytes = seg->map_bytes;
+    __atomic_store_n(&hdr->magic, DSHIM_SHM_MAGIC, __ATOMIC_RELEASE);
+    DSHIM_TRACE("shm: created %s: %d rings of %zu bytes", seg->path, nrings, ring_size);
+    *seg_p = seg;
+    return DSHIM_OK;
+
+fail:
+    if (fd >= 0) {
+        close(fd);
+    }
+    unlink(seg->path);
+    seg_free(seg);
+    return st;
+}
+
+dshim_status_t dshim_shm_seg_attach(const char *dir, const char *name, int nrings, size_t ring_size,
+                                    dshim_shm_seg_t **seg_p)
+{
+    dshim_shm_seg_t *seg;
+    dshim_status_t st;
+    struct stat sb;
+
+    *seg_p = NULL;
+    DSHIM_CHECK(check_geometry(dir, name, nrings, ring_size));
+    DSHIM_CHECK(seg_alloc(dir, name, nrings, ring_size, &seg));
+    int fd = open(seg->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        st = dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot open segment %s: %s (was it created and not yet "
+                                           "removed by its owner?)", seg->path, strerror(errno));
+        seg_free(seg);
+        return st;
+    }
+    if (fstat(fd, &sb) != 0) {
+        st = dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot stat segment %s: %s", seg->path, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != seg->map_bytes) {
+        st = dshim_error(DSHIM_ERR_PROTOCOL,
+                         "shm: segment %s is %lld bytes, expected %zu for %d rings of %zu bytes: ranks disagree "
+                         "on DSHIM_SHM_RING_SIZE or the job size, or it is not a dshim segment",
+                         seg->path, (long long)sb.st_size, seg->map_bytes, nrings, ring_size);
+        goto out;
+    }
+    void *base = mmap(NULL, seg->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        st = dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot map segment %s (%zu bytes): %s", seg->path,
+                         seg->map_bytes, strerror(errno));
+        goto out;
+    }
+    seg->base = base;
+    /* acquire pairs with the creator's release of the magic: once we see
+     * it, the rest of the header is there too. */
+    shm_header_t *hdr = seg_header(seg);
+    uint64_t magic = __atomic_load_n(&hdr->magic, __ATOMIC_ACQUIRE);
+    if (magic != DSHIM_SHM_MAGIC || hdr->version != DSHIM_SHM_VERSION || hdr->nrings != (uint32_t)nrings ||
+        hdr->ring_size != ring_size || hdr->total_bytes != seg->map_bytes) {
+        st = dshim_error(DSHIM_ERR_PROTOCOL,
+                         "shm: segment %s has header magic %#llx version %u, %u rings of %llu bytes; expected "
+                         "%#llx version %u, %d rings of %zu bytes: mixed dshim versions or settings, or a "
+                         "foreign file",
+                         seg->path, (unsigned long long)magic, hdr->version, hdr->nrings,
+                         (unsigned long long)hdr->ring_size, (unsigned long long)DSHIM_SHM_MAGIC,
+                         DSHIM_SHM_VERSION, nrings, ring_size);
+        goto out;
+    }
+    st = DSHIM_OK;
+    DSHIM_TRACE("shm: attached %s", seg->path);
+
+out:
+    close(fd);
+    if (st != DSHIM_OK) {
+        seg_free(seg);
+        return st;
+    }
+    *seg_p = seg;
+    return DSHIM_OK;
+}
+
+void dshim_shm_seg_unlink(dshim_shm_seg_t *seg)
+{
+    if (seg == NULL || seg->unlinked) {
+        return;
+    }
+    seg->unlinked = 1;
+    if (unlink(seg->path) != 0 && errno != ENOENT) {
+        DSHIM_WARN("shm: cannot remove segment %s: %s (remove it by hand)", seg->path, strerror(errno));
+    }
+}
+
+void dshim_shm_seg_detach(dshim_shm_seg_t *seg)
+{
+    if (seg == NULL) {
+        return;
+    }
+    /* An owner that leaves without having unlinked (an error path before
+     * every peer attached) must not leave the file behind in /dev/shm. */
+    if (seg->owner) {
+        dshim_shm_seg_unlink(seg);
+    }
+    seg_free(seg);
+}
+
+dshim_status_t dshim_shm_seg_ring(dshim_shm_seg_t *seg, int index, dshim_shm_ring_t *ring_p)
+{
+    if (seg == NULL || index < 0 || index >= seg->nrings) {
+        return dshim_error(DSHIM_ERR_INVALID, "shm: ring %d does not exist in segment %s (%d rings)", index,
+                           seg ? seg->path : "(null)", seg ? seg->nrings : 0);
+    }
+    unsigned char *r = seg->base + 2 * DSHIM_SHM_LINE + (size_t)index * ring_stride(seg->ring_size);
+    ring_p->head = (uint64_t *)r;
+    ring_p->tail = (uint64_t *)(r + DSHIM_SHM_LINE);
+    ring_p->data = r + 2 * DSHIM_SHM_LINE;
+    ring_p->size = seg->ring_size;
+    ring_p->mask = seg->ring_size - 1;
+    return DSHIM_OK;
+}
+
+size_t dshim_shm_seg_ring_size(const dshim_shm_seg_t *seg)
+{
+    return seg->ring_size;
+}
+
+/* --- ring ends -----------------------------------------------------------
+ *
+ * Ordering: the producer copies the bytes, then publishes head with a
+ * release store; the consumer loads head with acquire, so the bytes below
+ * head are visible to it.  Symmetrically, the consumer publishes tail with
+ * release after it finished reading (or copying out of) the bytes, and the
+ * producer loads tail with acquire before overwriting them.  Each side keeps
+ * its own position in private memory and only caches the other's: the
+ * shared lines are read when the cache cannot satisfy the request and
+ * written once per call. */
+
+void dshim_shm_producer_init(dshim_shm_producer_t *p, const dshim_shm_ring_t *ring)
+{
+    p->ring = *ring;
+    p->head = __atomic_load_n(ring->head, __ATOMIC_RELAXED);
+    p->cached_tail = __atomic_load_n(ring->tail, __ATOMIC_ACQUIRE);
+}
+
+size_t dshim_shm_producer_write(dshim_shm_producer_t *p, const void *buf, size_t len)
+{
+    size_t size = p->ring.size;
+    size_t room = size - (size_t)(p->head - p->cached_tail);
+    if (room < len) {
+        p->cached_tail = __atomic_load_n(p->ring.tail, __ATOMIC_ACQUIRE);
+        room = size - (size_t)(p->head - p->cached_tail);
+    }
+    size_t n = len < room ? len : room;
+    if (n == 0) {
+        return 0;
+    }
+    size_t off = (size_t)p->head & p->ring.mask;
+    size_t first = size - off;
+    if (first > n) {
+        first = n;
+    }
+    memcpy(p->ring.data + off, buf, first);
+    if (n > first) {
+        memcpy(p->ring.data, (const unsigned char *)buf + first, n - first);
+    }
+    p->head += n;
+    __atomic_store_n(p->ring.head, p->head, __ATOMIC_RELEASE);
+    return n;
+}
+
+void dshim_shm_consumer_init(dshim_shm_consumer_t *c, const dshim_shm_ring_t *ring)
+{
+    c->ring = *ring;
+    c->tail = __atomic_load_n(ring->tail, __ATOMIC_RELAXED);
+    c->cached_head = __atomic_load_n(ring->head, __ATOMIC_ACQUIRE);
+}
+
+size_t dshim_shm_consumer_peek(dshim_shm_consumer_t *c, const void **ptr_p)
+{
+    size_t off = (size_t)c->tail & c->ring.mask;
+    size_t to_wrap = c->ring.size - off;
+    size_t avail = (size_t)(c->cached_head - c->tail);
+    /* Only when the cached bytes stop short of the wrap could a fresh look
+     * give the caller a longer piece. */
+    if (avail < to_wrap) {
+        c->cached_head = __atomic_load_n(c->ring.head, __ATOMIC_ACQUIRE);
+        avail = (size_t)(c->cached_head - c->tail);
+    }
+    *ptr_p = c->ring.data + off;
+    return avail < to_wrap ? avail : to_wrap;
+}
+
+void dshim_shm_consumer_release(dshim_shm_consumer_t *c, size_t n)
+{
+    if (n == 0) {
+        return;
+    }
+    c->tail += n;
+    __atomic_store_n(c->ring.tail, c->tail, __ATOMIC_RELEASE);
+}
+
+size_t dshim_shm_consumer_read(dshim_shm_consumer_t *c, void *buf, size_t len)
+{
+    size_t size = c->ring.size;
+    size_t avail = (size_t)(c->cached_head - c->tail);
+    if (avail < len) {
+        c->cached_head = __atomic_load_n(c->ring.head, __ATOMIC_ACQUIRE);
+        avail = (size_t)(c->cached_head - c->tail);
+    }
+    size_t n = len < avail ? len : avail;
+    if (n == 0) {
+        return 0;
+    }
+    size_t off = (size_t)c->tail & c->ring.mask;
+    size_t first = size - off;
+    if (first > n) {
+        first = n;
+    }
+    memcpy(buf, c->ring.data + off, first);
+    if (n > first) {
+        memcpy((unsigned char *)buf + first, c->ring.data, n - first);
+    }
+    dshim_shm_consumer_release(c, n);
+    return n;
+}
+
+/* --- doorbell -------------------------------------------------------------
+ *
+ * The waiter W and a waker K race like this:
+ *
+ *   W: seen = doorbell (acquire)       K: publish head/tail (release)
+ *   W: re-check rings, find nothing    K: doorbell += 1        (seq_cst RMW)
+ *   W: sleepers += 1   (seq_cst RMW)   K: s = sleepers         (seq_cst load)
+ *   W: d = doorbell    (seq_cst load)  K: if s > 0: FUTEX_WAKE
+ *   W: if d == seen: FUTEX_WAIT(seen)
+ *
+ * Both pairs "write one word, then read the other" are store->load orders,
+ * which only seq_cst gives (on x86 the RMWs are locked instructions, i.e.
+ * full fences).  All four operations are in one total order S.  If W's
+ * increment of sleepers precedes K's read of it in S, K sees s > 0 and wakes
+ * W; FUTEX_WAIT itself compares the word with `seen` under the futex lock,
+ * so a wake that comes before W is queued makes the wait return at once.
+ * Otherwise K's read of sleepers precedes W's increment, hence K's doorbell
+ * increment precedes W's read of the doorbell, and W sees d != seen and does
+ * not sleep.  Either way no wake-up is lost.  If K rang before W read
+ * `seen`, W's acquire load of the bumped value makes K's ring update (made
+ * before the bell with release semantics, carried by the RMW) visible to
+ * W's re-check.
+ *
+ * The futex is not FUTEX_PRIVATE: the word lives in a MAP_SHARED file
+ * mapping used by several processes, and the kernel must key it by inode and
+ * offset rather than by this process's address space. */
+
+static long futex_call(uint32_t *word, int op, uint32_t val, const struct timespec *ts)
+{
+    return syscall(SYS_futex, word, op, val, ts, NULL, 0);
+}
+
+void dshim_shm_doorbell_ring(dshim_shm_seg_t *seg)
+{
+    shm_bell_t *bell = seg_bell(seg);
+    __atomic_fetch_add(&bell->doorbell, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&bell->sleepers, __ATOMIC_SEQ_CST) > 0) {
+        futex_call(&bell->doorbell, FUTEX_WAKE, INT_MAX, NULL);
+    }
+}
+
+uint32_t dshim_shm_doorbell_read(dshim_shm_seg_t *seg)
+{
+    return __atomic_load_n(&seg_bell(seg)->doorbell, __ATOMIC_ACQUIRE);
+}
+
+/* timeout_us < 0 sleeps until woken; 0 returns at once. */
+dshim_status_t dshim_shm_doorbell_wait(dshim_shm_seg_t *seg, uint32_t seen, long timeout_us)
+{
+    shm_bell_t *bell = seg_bell(seg);
+    dshim_status_t st = DSHIM_OK;
+    struct timespec ts;
+    const struct timespec *tsp = NULL;
+
+    if (timeout_us == 0) {
+        return DSHIM_OK;
+    }
+    if (timeout_us > 0) {
+        ts.tv_sec = timeout_us / 1000000;
+        ts.tv_nsec = (timeout_us % 1000000) * 1000;
+        tsp = &ts;
+    }
+    __atomic_fetch_add(&bell->sleepers, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&bell->doorbell, __ATOMIC_SEQ_CST) == seen) {
+        /* Relative timeout (FUTEX_WAIT); EAGAIN = the bell rang in between,
+         * ETIMEDOUT and EINTR are ordinary returns: the caller re-checks. */
+        if (futex_call(&bell->doorbell, FUTEX_WAIT, seen, tsp) != 0 && errno != EAGAIN && errno != ETIMEDOUT &&
+            errno != EINTR) {
+            st = dshim_error(DSHIM_ERR_SYSTEM, "shm: futex wait on the doorbell of %s failed: %s", seg->path,
+                             strerror(errno));
+        }
+    }
+    __atomic_fetch_sub(&bell->sleepers, 1, __ATOMIC_SEQ_CST);
+    return st;
+}

@@ -1,0 +1,169 @@
+/*
+ * TCP transport: one non-blocking socket per peer.
+ *
+ * recv() goes straight into the caller's buffer when nothing is staged, so
+ * copy-only transfers cost one kernel copy.  peek() reads into a small
+ * staging buffer (kept cache-sized on purpose: the reduction reads it right
+ * after the kernel wrote it) so reductions can combine incoming bytes
+ * without a second user-space copy.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "status.h"
+#include "transport/transport.h"
+
+typedef struct tcp_conn {
+    dshim_conn_t base;
+    char *stage;
+    size_t stage_cap;
+    size_t stage_off;  /* first unconsumed byte */
+    size_t stage_len;  /* end of valid bytes */
+} tcp_conn_t;
+
+static dshim_status_t peer_error(tcp_conn_t *c, int err)
+{
+    if (err == 0) {
+        return dshim_error_quiet(DSHIM_ERR_PEER, "rank %d closed the connection (it exited, crashed or was killed)",
+                                 c->base.peer);
+    }
+    return dshim_error_quiet(DSHIM_ERR_PEER, "connection to rank %d failed: %s", c->base.peer, strerror(err));
+}
+
+static dshim_status_t tcp_send(dshim_conn_t *conn, const void *buf, size_t len, size_t *n_p)
+{
+    tcp_conn_t *c = (tcp_conn_t *)conn;
+    *n_p = 0;
+    if (len == 0) {
+        return DSHIM_OK;
+    }
+    ssize_t n = send(c->base.fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+        *n_p = (size_t)n;
+        c->base.bytes_sent += (size_t)n;
+        return DSHIM_OK;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        return DSHIM_OK;
+    }
+    return peer_error(c, n == 0 ? 0 : errno);
+}
+
+static dshim_status_t fill_stage(tcp_conn_t *c)
+{
+    if (c->stage_off == c->stage_len) {
+        c->stage_off = c->stage_len = 0;
+    } else if (c->stage_off > 0 && c->stage_len == c->stage_cap) {
+        /* only a partial element is left at the end: move it to the front */
+        memmove(c->stage, c->stage + c->stage_off, c->stage_len - c->stage_off);
+        c->stage_len -= c->stage_off;
+        c->stage_off = 0;
+    }
+    if (c->stage_len == c->stage_cap) {
+        return DSHIM_OK;
+    }
+    ssize_t n = recv(c->base.fd, c->stage + c->stage_len, c->stage_cap - c->stage_len, MSG_DONTWAIT);
+    if (n > 0) {
+        c->stage_len += (size_t)n;
+        c->base.bytes_received += (size_t)n;
+        return DSHIM_OK;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        return DSHIM_OK;
+    }
+    return peer_error(c, n == 0 ? 0 : errno);
+}
+
+static dshim_status_t tcp_recv(dshim_conn_t *conn, void *buf, size_t len, size_t *n_p)
+{
+    tcp_conn_t *c = (tcp_conn_t *)conn;
+    *n_p = 0;
+    if (len == 0) {
+        return DSHIM_OK;
+    }
+    if (c->stage_off < c->stage_len) {
+        size_t n = c->stage_len - c->stage_off;
+        if (n > len) {
+            n = len;
+        }
+        memcpy(buf, c->stage + c->stage_off, n);
+        c->stage_off += n;
+        *n_p = n;
+        return DSHIM_OK;
+    }
+    ssize_t n = recv(c->base.fd, buf, len, MSG_DONTWAIT);
+    if (n > 0) {
+        *n_p = (size_t)n;
+        c->base.bytes_received += (size_t)n;
+        return DSHIM_OK;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        return DSHIM_OK;
+    }
+    return peer_error(c, n == 0 ? 0 : errno);
+}
+
+static dshim_status_t tcp_peek(dshim_conn_t *conn, const void **ptr_p, size_t *avail_p)
+{
+    tcp_conn_t *c = (tcp_conn_t *)conn;
+    /* refill when less than one element's worth (8 bytes) is staged */
+    if (c->stage_len - c->stage_off < 8) {
+        DSHIM_CHECK(fill_stage(c));
+    }
+    *ptr_p = c->stage + c->stage_off;
+    *avail_p = c->stage_len - c->stage_off;
+    return DSHIM_OK;
+}
+
+static dshim_status_t tcp_consume(dshim_conn_t *conn, size_t n)
+{
+    tcp_conn_t *c = (tcp_conn_t *)conn;
+    if (n > c->stage_len - c->stage_off) {
+        return dshim_error(DSHIM_ERR_INTERNAL, "tcp consume(%zu) beyond %zu staged bytes", n,
+                           c->stage_len - c->stage_off);
+    }
+    c->stage_off += n;
+    return DSHIM_OK;
+}
+
+static void tcp_destroy(dshim_conn_t *conn)
+{
+    tcp_conn_t *c = (tcp_conn_t *)conn;
+    if (c->base.fd >= 0) {
+        close(c->base.fd);
+    }
+    free(c->stage);
+    free(c);
+}
+
+static const dshim_transport_ops_t tcp_ops = {
+    .name    = "tcp",
+    .send    = tcp_send,
+    .recv    = tcp_recv,
+    .peek    = tcp_peek,
+    .consume = tcp_consume,
+    .destroy = tcp_destroy,
+};
+
+dshim_status_t dshim_tcp_conn_create(int fd, int peer, size_t staging_bytes, dshim_conn_t **conn_p)
+{
+    tcp_conn_t *c = calloc(1, sizeof(*c));
+    if (!c) {
+        return dshim_error(DSHIM_ERR_NOMEM, "out of memory for a tcp connection");
+    }
+    c->stage_cap = staging_bytes < 4096 ? 4096 : staging_bytes;
+    c->stage = malloc(c->stage_cap);
+    if (!c->stage) {
+        free(c);
+        return dshim_error(DSHIM_ERR_NOMEM, "out of memory for tcp staging (%zu bytes)", staging_bytes);
+    }
+    c->base.ops = &tcp_ops;
+    c->base.peer = peer;
+    c->base.fd = fd;
+    c->base.is_shm = 0;
+    *conn_p = &c->base;
+    return DSHIM_OK;
+}

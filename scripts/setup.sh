@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs everything dshim needs on a Debian machine: system packages (apt)
+# and the project's Python environment (.venv).  Idempotent: when everything
+# is present it only checks and returns in a few seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(build-essential cmake pkg-config libzmq3-dev libunwind-dev libelf-dev check
+              openmpi-bin libopenmpi-dev iproute2 valgrind python3-venv procps)
+TORCH_VERSION=2.11.0
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then
+    SUDO=sudo
+fi
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing apt packages: ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Python for .venv: the newest of 3.11/3.12/3.10 found (torch 2.11 supports them).
+PY=""
+for cand in python3.11 python3.12 python3.10 python3; do
+    if command -v "$cand" >/dev/null 2>&1; then
+        PY=$(command -v "$cand")
+        break
+    fi
+done
+if [ -z "$PY" ]; then
+    echo "setup: no python3 found; install python3 (apt-get install python3 python3-venv)" >&2
+    exit 1
+fi
+
+venv_ok() {
+    [ -x .venv/bin/python ] && .venv/bin/python - <<PYEOF 2>/dev/null
+import torch, numpy
+assert torch.__version__.split("+")[0] == "$TORCH_VERSION", torch.__version__
+PYEOF
+}
+if ! venv_ok; then
+    echo "setup: creating .venv with torch==$TORCH_VERSION and numpy (large download, once)"
+    [ -x .venv/bin/python ] || "$PY" -m venv .venv
+    .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
+    venv_ok || { echo "setup: .venv is broken after install (import torch failed)" >&2; exit 1; }
+fi
+echo "setup: ok ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

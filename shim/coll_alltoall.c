@@ -1,0 +1,144 @@
+/* Allgather(v), reduce-scatter, alltoall(v), barrier, send/recv. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+#include "status.h"
+
+static int mod(int a, int n)
+{
+    return ((a % n) + n) % n;
+}
+
+static dshim_status_t alloc_ops(size_t n, dshim_xfer_op_t **ops_p)
+{
+    *ops_p = calloc(n ? n : 1, sizeof(dshim_xfer_op_t));
+    if (!*ops_p) {
+        return dshim_error(DSHIM_ERR_NOMEM, "out of memory for %zu transfers", n);
+    }
+    return DSHIM_OK;
+}
+
+/* Ring allgather over uneven blocks: block b is counts[b] elements at displs[b].
+ * Each step forwards the block received in the previous one (pipelined). */
+dshim_status_t dshim_algo_allgatherv(dshim_comm_t *comm, dshim_request_t *req)
+{
+    int n = comm->size, r = comm->rank;
+    size_t es = dshim_dtype_size(req->dtype);
+    char *out = req->rbuf;
+    const size_t *cnt = req->counts, *dsp = req->displs;
+    if (out + dsp[r] * es != req->sbuf && cnt[r]) {
+        memmove(out + dsp[r] * es, req->sbuf, cnt[r] * es);
+    }
+    if (n == 1) {
+        return DSHIM_OK;
+    }
+    dshim_xfer_op_t *ops;
+    DSHIM_CHECK(alloc_ops((size_t)2 * (size_t)(n - 1), &ops));
+    int k = 0, right = mod(r + 1, n), left = mod(r - 1, n);
+    dshim_xfer_op_t *prev = NULL;
+    for (int s = 0; s < n - 1; s++) {
+        int sb = mod(r - s, n), rb = mod(r - s - 1, n);
+        ops[k] = dshim_xf_send(right, out + dsp[sb] * es, cnt[sb] * es);
+        ops[k].dep = prev;
+        ops[k + 1] = dshim_xf_recv(left, out + dsp[rb] * es, cnt[rb] * es);
+        prev = &ops[k + 1];
+        k += 2;
+    }
+    dshim_status_t st = dshim_xfer(comm, &req->sig, ops, k);
+    free(ops);
+    return st;
+}
+
+/* Ring reduce-scatter: the partial of block b travels the ring collecting
+ * every rank's contribution and ends complete at rank b. */
+dshim_status_t dshim_algo_reduce_scatter(dshim_comm_t *comm, dshim_request_t *req)
+{
+    int n = comm->size, r = comm->rank;
+    size_t es = dshim_dtype_size(req->dtype);
+    size_t bb = req->count * es;
+    const char *in = req->sbuf;
+    if (bb == 0) {
+        return DSHIM_OK;
+    }
+    if (n == 1) {
+        if (req->rbuf != req->sbuf) {
+            memmove(req->rbuf, req->sbuf, bb);
+        }
+        return DSHIM_OK;
+    }
+    char *acc;
+    DSHIM_CHECK(dshim_comm_scratch(comm, bb * (size_t)n, (void **)&acc));
+    dshim_xfer_op_t *ops;
+    DSHIM_CHECK(alloc_ops((size_t)2 * (size_t)(n - 1), &ops));
+    int k = 0, right = mod(r + 1, n), left = mod(r - 1, n);
+    dshim_xfer_op_t *prev = NULL;
+    for (int s = 0; s < n - 1; s++) {
+        int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
+        ops[k] = dshim_xf_send(right, (s == 0 ? in : acc) + (size_t)sb * bb, bb);
+        ops[k].dep = prev;
+        int last = s == n - 2;
+        ops[k + 1] = dshim_xf_recv_reduce(left, last ? (char *)req->rbuf : acc + (size_t)rb * bb, in + (size_t)rb * bb,
+                                          bb, 1);
+        ops[k + 1].avg_div = last && req->op == DSHIM_AVG;
+        prev = &ops[k + 1];
+        k += 2;
+    }
+    dshim_status_t st = dshim_xfer(comm, &req->sig, ops, k);
+    free(ops);
+    return st;
+}
+
+/* Alltoall(v): every pair exchanges directly, all at once. */
+dshim_status_t dshim_algo_alltoallv(dshim_comm_t *comm, dshim_request_t *req)
+{
+    int n = comm->size, r = comm->rank;
+    size_t es = dshim_dtype_size(req->dtype);
+    const char *in = req->sbuf;
+    char *out = req->rbuf;
+    if (req->rcounts[r] != req->scounts[r]) {
+        return dshim_error(DSHIM_ERR_INVALID, "alltoallv: rank %d sends itself %zu elements but expects %zu", r,
+                           req->scounts[r], req->rcounts[r]);
+    }
+    if (req->scounts[r]) {
+        memmove(out + req->rdispls[r] * es, in + req->sdispls[r] * es, req->scounts[r] * es);
+    }
+    if (n == 1) {
+        return DSHIM_OK;
+    }
+    dshim_xfer_op_t *ops;
+    DSHIM_CHECK(alloc_ops((size_t)2 * (size_t)(n - 1), &ops));
+    int k = 0;
+    for (int s = 1; s < n; s++) {
+        /* stagger the peers so that not everybody sends to rank 0 first */
+        int to = mod(r + s, n), from = mod(r - s, n);
+        ops[k++] = dshim_xf_send(to, in + req->sdispls[to] * es, req->scounts[to] * es);
+        ops[k++] = dshim_xf_recv(from, out + req->rdispls[from] * es, req->rcounts[from] * es);
+    }
+    dshim_status_t st = dshim_xfer(comm, &req->sig, ops, k);
+    free(ops);
+    return st;
+}
+
+dshim_status_t dshim_algo_barrier(dshim_comm_t *comm, dshim_request_t *req)
+{
+    if (comm->size == 1) {
+        return DSHIM_OK;
+    }
+    uint64_t token = 0;
+    return dshim_allreduce_rd(comm, &req->sig, &token, 1);
+}
+
+dshim_status_t dshim_algo_send(dshim_comm_t *comm, dshim_request_t *req)
+{
+    req->sig.seq = comm->p2p_tx[req->root]++;
+    dshim_xfer_op_t op = dshim_xf_send(req->root, req->sbuf, req->count * dshim_dtype_size(req->dtype));
+    return dshim_xfer(comm, &req->sig, &op, 1);
+}
+
+dshim_status_t dshim_algo_recv(dshim_comm_t *comm, dshim_request_t *req)
+{
+    req->sig.seq = comm->p2p_rx[req->root]++;
+    dshim_xfer_op_t op = dshim_xf_recv(req->root, req->rbuf, req->count * dshim_dtype_size(req->dtype));
+    return dshim_xfer(comm, &req->sig, &op, 1);
+}

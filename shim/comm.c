@@ -1,0 +1,355 @@
+/* Communicator lifecycle: init (explicit or from the environment), split,
+ * destroy, abort and the sticky error. */
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "bootstrap.h"
+#include "config.h"
+#include "crash.h"
+#include "engine.h"
+#include "net.h"
+#include "status.h"
+#include "transport/shm/shm_ring.h"
+
+static dshim_status_t check_args(const dshim_comm_args_t *a)
+{
+    if (!a || a->size < 1 || a->rank < 0 || a->rank >= a->size) {
+        return dshim_error(DSHIM_ERR_INVALID, "invalid rank %d / size %d: need 0 <= rank < size", a ? a->rank : -1,
+                           a ? a->size : -1);
+    }
+    if (!a->store_addr || !a->store_addr[0]) {
+        return dshim_error(DSHIM_ERR_INVALID, "no store address given");
+    }
+    if (a->store_port < 0 || a->store_port > 65535 || (a->store_port == 0 && a->size > 1 && a->store_external)) {
+        return dshim_error(DSHIM_ERR_INVALID, "store port %d is not a usable TCP port", a->store_port);
+    }
+    return DSHIM_OK;
+}
+
+static void store_ref_release(dshim_store_ref_t *ref)
+{
+    pthread_mutex_lock(&ref->lock);
+    int left = --ref->refs;
+    pthread_mutex_unlock(&ref->lock);
+    if (left > 0) {
+        return;
+    }
+    if (ref->server) {
+        /* the host of the store waits (bounded) until every rank said goodbye,
+         * so nobody loses the store in the middle of its own teardown */
+        char key[64];
+        int64_t v = 0;
+        double deadline = dshim_now() + 30.0;
+        snprintf(key, sizeof(key), "bye");
+        while (dshim_store_add(ref->store, key, 0, &v) == DSHIM_OK && v < ref->size && dshim_now() < deadline) {
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    dshim_store_close(ref->store);
+    if (ref->server) {
+        dshim_store_server_stop(ref->server);
+    }
+    pthread_mutex_destroy(&ref->lock);
+    free(ref);
+}
+
+DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim_comm_t **comm_p)
+{
+    const dshim_config_t *cfg = dshim_config();
+    dshim_log_init();
+    DSHIM_CHECK(check_args(args));
+    if (!comm_p) {
+        return dshim_error(DSHIM_ERR_INVALID, "comm_p is NULL");
+    }
+    dshim_log_set_rank(args->rank);
+    dshim_crash_install();
+    const char *token = args->token ? args->token : "";
+    dshim_store_ref_t *ref = calloc(1, sizeof(*ref));
+    if (!ref) {
+        return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
+    }
+    pthread_mutex_init(&ref->lock, NULL);
+    ref->refs = 1;
+    ref->size = args->size;
+    snprintf(ref->addr, sizeof(ref->addr), "%s", args->store_addr);
+    ref->port = args->store_port;
+    snprintf(ref->token, sizeof(ref->token), "%s", token);
+    dshim_status_t st;
+    if (args->rank == 0 && !args->store_external) {
+        /* listen on every interface: MASTER_ADDR may name this host by any of its addresses */
+        st = dshim_store_server_start(NULL, args->store_port, token, &ref->server, &ref->port);
+        if (st != DSHIM_OK) {
+            st = dshim_error(st, "rank 0 (host %s): cannot host the rendezvous store: %s", dshim_log_hostname(),
+                             dshim_last_error());
+            goto err_ref;
+        }
+    }
+    st = dshim_store_connect(ref->addr, ref->port, token, cfg->connect_timeout_s, &ref->store);
+    if (st != DSHIM_OK) {
+        st = dshim_error(st, "rank %d (host %s): cannot reach the rendezvous store at %s:%d: %s", args->rank,
+                         dshim_log_hostname(), ref->addr, ref->port, dshim_last_error());
+        goto err_server;
+    }
+    st = dshim_bootstrap(ref, "c0/", args->rank, args->size, token, comm_p);
+    if (st != DSHIM_OK) {
+        goto err_store;
+    }
+    dshim_engine_init(*comm_p);
+    DSHIM_INFO("rank %d of %d joined (%d on this host, transport %s)", args->rank, args->size, (*comm_p)->nlocal,
+               (*comm_p)->any_shm ? ((*comm_p)->any_tcp ? "shm+tcp" : "shm") : "tcp");
+    return DSHIM_OK;
+
+err_store:
+    dshim_store_close(ref->store);
+err_server:
+    if (ref->server) {
+        dshim_store_server_stop(ref->server);
+    }
+err_ref:
+    pthread_mutex_destroy(&ref->lock);
+    free(ref);
+    return st;
+}
+
+DSHIM_EXPORT dshim_status_t dshim_comm_init_env(dshim_comm_t **comm_p)
+{
+    dshim_comm_args_t args;
+    if (dshim_config_reload() != DSHIM_OK) {
+        /* a bad value was reported and replaced by its default: refuse to run
+         * on a configuration the user did not ask for */
+        return dshim_error(DSHIM_ERR_INVALID, "%s", dshim_last_error());
+    }
+    DSHIM_CHECK(dshim_args_from_env(&args));
+    return dshim_comm_init(&args, comm_p);
+}
+
+static void comm_free(dshim_comm_t *comm)
+{
+    for (int r = 0; r < comm->size; r++) {
+        if (comm->conns[r]) {
+            comm->conns[r]->ops->destroy(comm->conns[r]);
+        }
+        if (comm->peer_inbox[r]) {
+            dshim_shm_seg_detach(comm->peer_inbox[r]);
+        }
+    }
+    if (comm->inbox) {
+        dshim_shm_seg_detach(comm->inbox);
+    }
+    free(comm->peers);
+    free(comm->conns);
+    free(comm->peer_inbox);
+    free(comm->p2p_tx);
+    free(comm->p2p_rx);
+    free(comm->scratch);
+    pthread_mutex_destroy(&comm->lock);
+    pthread_cond_destroy(&comm->cond);
+    free(comm);
+}
+
+DSHIM_EXPORT dshim_status_t dshim_comm_destroy(dshim_comm_t *comm)
+{
+    if (!comm) {
+        return DSHIM_OK;
+    }
+    dshim_engine_shutdown(comm);
+    dshim_status_t st = comm->error;
+    int is_root_comm = strcmp(comm->prefix, "c0/") == 0;
+    if (is_root_comm && comm->store->store) {
+        int64_t v;
+        dshim_store_add(comm->store->store, "bye", 1, &v);
+    }
+    dshim_store_ref_t *ref = comm->store;
+    comm_free(comm);
+    store_ref_release(ref);
+    return st < 0 ? st : DSHIM_OK;
+}
+
+dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg)
+{
+    pthread_mutex_lock(&comm->lock);
+    if (comm->error != DSHIM_OK) {
+        pthread_mutex_unlock(&comm->lock);
+        dshim_error_set_raw(comm->errmsg);
+        return comm->error;
+    }
+    char full[sizeof(comm->errmsg)];
+    snprintf(full, sizeof(full), "%s", msg);
+    if (st == DSHIM_ERR_PEER && comm->store->store) {
+        /* the closed connection may only be the echo of another rank's
+         * failure: if one was reported, name it as the cause */
+        char key[160];
+        void *val = NULL;
+        size_t len = 0;
+        snprintf(key, sizeof(key), "%sabort", comm->prefix);
+        if (dshim_store_try_get(comm->store->store, key, &val, &len) == DSHIM_OK) {
+            size_t o = strlen(full);
+            snprintf(full + o, sizeof(full) - o, "; first failure in this job: %.*s", (int)len, (char *)val);
+            free(val);
+        }
+    }
+    snprintf(comm->errmsg, sizeof(comm->errmsg), "%s", full);
+    __atomic_store_n(&comm->error, st, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&comm->lock);
+    DSHIM_WARN("%s", full);
+    if (comm->store->store) {
+        char key[160];
+        int won = 0;
+        snprintf(key, sizeof(key), "%sabort", comm->prefix);
+        dshim_store_set_if_absent(comm->store->store, key, msg, strlen(msg), &won);
+    }
+    /* make every peer notice now rather than at its own timeout */
+    for (int r = 0; r < comm->size; r++) {
+        if (comm->conns[r]) {
+            shutdown(comm->conns[r]->fd, SHUT_RDWR);
+        }
+    }
+    dshim_error_set_raw(full);
+    return st;
+}
+
+DSHIM_EXPORT dshim_status_t dshim_comm_abort(dshim_comm_t *comm, const char *reason)
+{
+    if (!comm) {
+        return dshim_error(DSHIM_ERR_INVALID, "dshim_comm_abort: comm is NULL");
+    }
+    char msg[512];
+    snprintf(msg, sizeof(msg), "rank %d (host %s) aborted the communicator: %s", comm->rank,
+             comm->peers[comm->rank].hostname, reason ? reason : "no reason given");
+    dshim_comm_fail(comm, DSHIM_ERR_ABORTED, msg);
+    dshim_engine_wake(comm);
+    return DSHIM_OK;
+}
+
+void dshim_comm_describe_peer(const dshim_comm_t *comm, int peer, char *out, size_t len)
+{
+    if (peer < 0 || peer >= comm->size) {
+        snprintf(out, len, "rank %d (invalid)", peer);
+        return;
+    }
+    snprintf(out, len, "rank %d (host %s, pid %d)", peer, comm->peers[peer].hostname, comm->peers[peer].pid);
+}
+
+dshim_status_t dshim_comm_scratch(dshim_comm_t *comm, size_t len, void **ptr_p)
+{
+    if (comm->scratch_len < len) {
+        free(comm->scratch);
+        comm->scratch = NULL;
+        comm->scratch_len = 0;
+        if (posix_memalign(&comm->scratch, 64, len) != 0) {
+            return dshim_error(DSHIM_ERR_NOMEM, "out of memory for %zu bytes of scratch", len);
+        }
+        comm->scratch_len = len;
+    }
+    *ptr_p = comm->scratch;
+    return DSHIM_OK;
+}
+
+DSHIM_EXPORT int dshim_comm_rank(const dshim_comm_t *comm)
+{
+    return comm ? comm->rank : -1;
+}
+
+DSHIM_EXPORT int dshim_comm_size(const dshim_comm_t *comm)
+{
+    return comm ? comm->size : -1;
+}
+
+DSHIM_EXPORT const char *dshim_comm_transport(const dshim_comm_t *comm)
+{
+    if (!comm) {
+        return "none";
+    }
+    if (comm->any_shm) {
+        return comm->any_tcp ? "shm+tcp" : "shm";
+    }
+    return comm->any_tcp ? "tcp" : "self";
+}
+
+DSHIM_EXPORT dshim_status_t dshim_comm_get_error(dshim_comm_t *comm, char *msg, size_t msg_len)
+{
+    if (!comm) {
+        return DSHIM_ERR_INVALID;
+    }
+    pthread_mutex_lock(&comm->lock);
+    dshim_status_t st = comm->error;
+    if (msg && msg_len) {
+        snprintf(msg, msg_len, "%s", comm->errmsg);
+    }
+    pthread_mutex_unlock(&comm->lock);
+    return st;
+}
+
+DSHIM_EXPORT void dshim_comm_stats(const dshim_comm_t *comm, dshim_stats_t *stats)
+{
+    memset(stats, 0, sizeof(*stats));
+    if (!comm) {
+        return;
+    }
+    stats->collectives = __atomic_load_n(&comm->stats.collectives, __ATOMIC_RELAXED);
+    for (int r = 0; r < comm->size; r++) {
+        if (comm->conns[r]) {
+            stats->bytes_sent += comm->conns[r]->bytes_sent;
+            stats->bytes_received += comm->conns[r]->bytes_received;
+        }
+    }
+}
+
+/* Split: every rank learns every (color, key) through an allgather on the
+ * parent, then the members of each color bootstrap a fresh mesh under a
+ * prefix unique to this split and color. */
+DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int key, dshim_comm_t **newcomm_p)
+{
+    if (!comm || !newcomm_p) {
+        return dshim_error(DSHIM_ERR_INVALID, "dshim_comm_split: NULL argument");
+    }
+    *newcomm_p = NULL;
+    int32_t mine[2] = {color, key};
+    int32_t *all = malloc((size_t)comm->size * 2 * sizeof(int32_t));
+    if (!all) {
+        return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
+    }
+    dshim_status_t st = dshim_allgather(comm, mine, all, 2, DSHIM_INT32);
+    if (st != DSHIM_OK) {
+        free(all);
+        return st;
+    }
+    uint64_t split_id = comm->split_seq++;
+    if (color < 0) {
+        free(all);
+        return DSHIM_OK;
+    }
+    int newrank = 0, newsize = 0;
+    for (int r = 0; r < comm->size; r++) {
+        if (all[2 * r] != color) {
+            continue;
+        }
+        newsize++;
+        /* order by (key, old rank) */
+        if (all[2 * r + 1] < key || (all[2 * r + 1] == key && r < comm->rank)) {
+            newrank++;
+        }
+    }
+    free(all);
+    char prefix[sizeof(comm->prefix) + 48];
+    snprintf(prefix, sizeof(prefix), "%ss%" PRIu64 "c%d/", comm->prefix, split_id, color);
+    if (strlen(prefix) >= sizeof(comm->prefix)) {
+        return dshim_error(DSHIM_ERR_UNSUPPORTED, "communicators split too deeply (store prefix %s too long)", prefix);
+    }
+    pthread_mutex_lock(&comm->store->lock);
+    comm->store->refs++;
+    pthread_mutex_unlock(&comm->store->lock);
+    st = dshim_bootstrap(comm->store, prefix, newrank, newsize, comm->store->token, newcomm_p);
+    if (st != DSHIM_OK) {
+        store_ref_release(comm->store);
+        return st;
+    }
+    dshim_engine_init(*newcomm_p);
+    return DSHIM_OK;
+}

@@ -1,0 +1,120 @@
+/* Communicator internals shared by the bootstrap, the engine and the
+ * collective algorithms. */
+#ifndef DSHIM_COMM_H
+#define DSHIM_COMM_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "dshim.h"
+#include "reduce/reduce.h"
+#include "store.h"
+#include "transport/transport.h"
+
+struct dshim_shm_seg;
+
+/* What every rank publishes about itself in the store. */
+typedef struct dshim_peer_info {
+    uint32_t ip;         /* network byte order */
+    uint16_t port;
+    uint16_t pad;
+    int32_t pid;
+    uint64_t host_id;    /* same value <=> same host (and network namespace) */
+    char hostname[64];
+    char shm_name[64];   /* inbox segment name, "" if none */
+} dshim_peer_info_t;
+
+/* The store (and its server, on the rank that hosts it) outlives sub-communicators. */
+typedef struct dshim_store_ref {
+    dshim_store_t *store;
+    dshim_store_server_t *server;
+    char addr[256];
+    int port;
+    int refs;
+    int size;            /* world size: the server waits for this many goodbyes */
+    char token[256];     /* job token, for the handshakes of sub-communicators */
+    pthread_mutex_t lock;
+} dshim_store_ref_t;
+
+/* The signature of a collective, carried in every message header. */
+typedef struct dshim_coll_sig {
+    uint8_t coll;    /* dshim_coll_kind_t */
+    uint8_t dtype;
+    uint8_t redop;
+    int32_t root;
+    uint64_t count;
+    uint64_t seq;
+} dshim_coll_sig_t;
+
+typedef enum dshim_coll_kind {
+    DSHIM_COLL_ALLREDUCE = 1,
+    DSHIM_COLL_BROADCAST,
+    DSHIM_COLL_REDUCE,
+    DSHIM_COLL_ALLGATHER,
+    DSHIM_COLL_ALLGATHERV,
+    DSHIM_COLL_REDUCE_SCATTER,
+    DSHIM_COLL_ALLTOALL,
+    DSHIM_COLL_ALLTOALLV,
+    DSHIM_COLL_GATHER,
+    DSHIM_COLL_SCATTER,
+    DSHIM_COLL_P2P,
+    DSHIM_COLL_BARRIER,
+    DSHIM_COLL_INTERNAL, /* split, destroy handshakes */
+} dshim_coll_kind_t;
+
+const char *dshim_coll_name(int coll);
+
+typedef struct dshim_request dshim_request_t;
+
+struct dshim_comm {
+    int rank, size;
+    char prefix[96];               /* store key prefix of this communicator */
+    dshim_store_ref_t *store;
+    dshim_peer_info_t *peers;      /* [size] */
+    dshim_conn_t **conns;          /* [size], NULL for self */
+    struct dshim_shm_seg *inbox;   /* my shm inbox, NULL if no local peers */
+    struct dshim_shm_seg **peer_inbox; /* [size] */
+    int nlocal;                    /* ranks on this host, including me */
+    int any_shm, any_tcp;
+    const dshim_reduce_ops_t *reduce;
+
+    /* configuration snapshot */
+    size_t chunk_bytes, small_msg_bytes;
+    double timeout_s;
+    long spin_us;
+    int check_sig;
+    int algo;                      /* DSHIM_ALGO_* */
+
+    /* engine: requests run one at a time in issue order */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    dshim_request_t *q_head, *q_tail;
+    int busy;                      /* someone is executing a request */
+    int stop;
+    int thread_started;
+    pthread_t thread;
+    uint64_t next_seq;             /* assigned at issue time */
+    uint64_t split_seq;
+    uint64_t *p2p_tx, *p2p_rx;     /* [size] point-to-point message numbers */
+
+    /* sticky error: once set every operation fails with it */
+    dshim_status_t error;
+    char errmsg[768];
+
+    /* scratch for algorithms (grown on demand, executor thread only) */
+    void *scratch;
+    size_t scratch_len;
+
+    dshim_stats_t stats;
+};
+
+enum { DSHIM_ALGO_AUTO = 0, DSHIM_ALGO_RING, DSHIM_ALGO_RD, DSHIM_ALGO_HIER };
+
+/* scratch of at least len bytes; valid until the next call */
+dshim_status_t dshim_comm_scratch(dshim_comm_t *comm, size_t len, void **ptr_p);
+/* Records the first error, tells peers (store + closing connections). */
+dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg);
+/* "rank 3 (host h, pid p)" */
+void dshim_comm_describe_peer(const dshim_comm_t *comm, int peer, char *out, size_t len);
+
+#endif

@@ -1,0 +1,28 @@
+/* Socket helpers for the bootstrap: interface choice, listen, connect. */
+#ifndef DSHIM_NET_H
+#define DSHIM_NET_H
+
+#include <netinet/in.h>
+#include "dshim.h"
+
+/* Local IPv4 address to listen on for data connections.  Order: the
+ * interface named by DSHIM_SOCKET_IFNAME / NCCL_SOCKET_IFNAME /
+ * GLOO_SOCKET_IFNAME / DMLC_INTERFACE (a "^name" entry excludes); otherwise
+ * the address this host uses to reach store_addr (loopback when the store is
+ * local).  Never loopback when the store is remote. */
+dshim_status_t dshim_net_pick_local_addr(const char *store_addr, struct in_addr *addr_p, char *why,
+                                         size_t why_len);
+dshim_status_t dshim_net_resolve(const char *host, struct in_addr *addr_p);
+/* Listening socket on addr, ephemeral port; returns fd and port. */
+dshim_status_t dshim_net_listen(struct in_addr addr, int *fd_p, int *port_p);
+/* Blocking connect with deadline (monotonic seconds), retried on refusal. */
+dshim_status_t dshim_net_connect(struct in_addr addr, int port, double deadline, int *fd_p);
+/* Reads/writes exactly len bytes before deadline (blocking helpers used only
+ * during the handshake). */
+dshim_status_t dshim_net_read_full(int fd, void *buf, size_t len, double deadline);
+dshim_status_t dshim_net_write_full(int fd, const void *buf, size_t len, double deadline);
+void dshim_net_tune(int fd, size_t bufsize);
+int dshim_net_set_nonblocking(int fd, int on);
+double dshim_now(void);  /* monotonic seconds */
+
+#endif

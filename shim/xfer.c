@@ -1,0 +1,444 @@
+/* The data engine (see xfer.h). */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "net.h"
+#include "status.h"
+#include "transport/shm/shm_ring.h"
+#include "xfer.h"
+
+#define WIRE_MAGIC   0x4D485344u /* "DSHM" */
+#define WIRE_VERSION 1
+#define HDR_BYTES    48
+
+enum { PH_HDR = 0, PH_BODY, PH_PAD, PH_DONE };
+
+typedef struct wire_hdr {
+    uint32_t magic;
+    uint16_t version;
+    uint8_t coll, dtype, redop;
+    uint8_t pad[3];
+    int32_t root;
+    uint64_t count;
+    uint64_t seq;
+    uint64_t nbytes;
+    uint64_t reserved;
+} wire_hdr_t;
+_Static_assert(sizeof(wire_hdr_t) == HDR_BYTES, "wire header is 48 bytes");
+
+static const unsigned char zeros[8];
+
+const char *dshim_coll_name(int coll)
+{
+    static const char *names[] = {"?", "allreduce", "broadcast", "reduce", "allgather", "allgatherv",
+                                  "reduce_scatter", "alltoall", "alltoallv", "gather", "scatter",
+                                  "send/recv", "barrier", "internal"};
+    if (coll < 0 || coll > DSHIM_COLL_INTERNAL) {
+        return "unknown-collective";
+    }
+    return names[coll];
+}
+
+static void describe_call(char *out, size_t len, int coll, int dtype, int redop, int root, uint64_t count,
+                          uint64_t seq)
+{
+    int n = snprintf(out, len, "%s #%" PRIu64 " (%" PRIu64 " x %s", dshim_coll_name(coll), seq, count,
+                     dshim_dtype_name((dshim_dtype_t)dtype));
+    if (coll == DSHIM_COLL_ALLREDUCE || coll == DSHIM_COLL_REDUCE || coll == DSHIM_COLL_REDUCE_SCATTER) {
+        n += snprintf(out + n, len - (size_t)n, ", %s", dshim_redop_name((dshim_redop_t)redop));
+    }
+    if (coll == DSHIM_COLL_BROADCAST || coll == DSHIM_COLL_REDUCE || coll == DSHIM_COLL_GATHER ||
+        coll == DSHIM_COLL_SCATTER) {
+        n += snprintf(out + n, len - (size_t)n, ", root %d", root);
+    }
+    snprintf(out + n, len - (size_t)n, ")");
+}
+
+static void fill_hdr(unsigned char *buf, const dshim_coll_sig_t *sig, size_t nbytes)
+{
+    wire_hdr_t h;
+    memset(&h, 0, sizeof(h));
+    h.magic = WIRE_MAGIC;
+    h.version = WIRE_VERSION;
+    h.coll = sig->coll;
+    h.dtype = sig->dtype;
+    h.redop = sig->redop;
+    h.root = sig->root;
+    h.count = sig->count;
+    h.seq = sig->seq;
+    h.nbytes = nbytes;
+    memcpy(buf, &h, sizeof(h));
+}
+
+static dshim_status_t check_hdr(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *op)
+{
+    wire_hdr_t h;
+    char peer[160], mine[160], theirs[160];
+    memcpy(&h, op->hdr, sizeof(h));
+    dshim_comm_describe_peer(comm, op->peer, peer, sizeof(peer));
+    if (h.magic != WIRE_MAGIC || h.version != WIRE_VERSION) {
+        return dshim_error_quiet(DSHIM_ERR_PROTOCOL,
+                                 "%s sent bytes that are not a dshim message (magic 0x%08x version %u): garbage on "
+                                 "the connection or two dshim versions in one job",
+                                 peer, h.magic, h.version);
+    }
+    describe_call(mine, sizeof(mine), sig->coll, sig->dtype, sig->redop, sig->root, sig->count, sig->seq);
+    describe_call(theirs, sizeof(theirs), h.coll, h.dtype, h.redop, h.root, h.count, h.seq);
+    int differs = h.coll != sig->coll || h.seq != sig->seq;
+    if (comm->check_sig) {
+        differs |= h.dtype != sig->dtype || h.redop != sig->redop || h.root != sig->root || h.count != sig->count;
+    }
+    if (differs) {
+        return dshim_error_quiet(DSHIM_ERR_MISMATCH,
+                                 "mismatched collectives: this rank called %s but %s called %s; every rank must "
+                                 "issue the same collectives in the same order with the same count, dtype, op "
+                                 "and root",
+                                 mine, peer, theirs);
+    }
+    if (h.nbytes != op->len) {
+        return dshim_error_quiet(DSHIM_ERR_MISMATCH,
+                                 "mismatched sizes in %s: %s sent %" PRIu64 " bytes where this rank expected %zu "
+                                 "(different counts across ranks?)",
+                                 mine, peer, h.nbytes, op->len);
+    }
+    return DSHIM_OK;
+}
+
+static size_t limit_of(const dshim_xfer_op_t *op)
+{
+    size_t lim = op->len;
+    if (op->dep && op->dep->phase < PH_PAD && op->dep->done < lim) {
+        lim = op->dep->done;
+    }
+    if (op->dep2 && op->dep2->phase < PH_PAD && op->dep2->done < lim) {
+        lim = op->dep2->done;
+    }
+    return lim;
+}
+
+static size_t pad_of(size_t len)
+{
+    return (8 - (len & 7)) & 7;
+}
+
+/* One step of progress on one op; *moved set when bytes moved. */
+static dshim_status_t progress_op(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *op,
+                                  size_t esize, int *moved)
+{
+    dshim_conn_t *c = comm->conns[op->peer];
+    size_t n = 0;
+    if (op->phase == PH_HDR) {
+        if (op->kind == DSHIM_XF_SEND) {
+            if (op->hoff == 0) {
+                fill_hdr(op->hdr, sig, op->len);
+            }
+            DSHIM_CHECK(c->ops->send(c, op->hdr + op->hoff, HDR_BYTES - op->hoff, &n));
+        } else {
+            DSHIM_CHECK(c->ops->recv(c, op->hdr + op->hoff, HDR_BYTES - op->hoff, &n));
+        }
+        op->hoff += n;
+        if (n) {
+            *moved = 1;
+        }
+        if (op->hoff < HDR_BYTES) {
+            return DSHIM_OK;
+        }
+        if (op->kind != DSHIM_XF_SEND) {
+            DSHIM_CHECK(check_hdr(comm, sig, op));
+        }
+        op->phase = PH_BODY;
+        op->hoff = 0;
+    }
+    if (op->phase == PH_BODY) {
+        size_t lim = limit_of(op);
+        while (op->done < lim) {
+            /* move at most one chunk per call so the peer can work on the
+             * previous chunk while we produce the next (pipelining) */
+            size_t piece_end = op->done + comm->chunk_bytes < lim ? op->done + comm->chunk_bytes : lim;
+            n = 0;
+            if (op->kind == DSHIM_XF_SEND) {
+                DSHIM_CHECK(c->ops->send(c, (const char *)op->sbuf + op->done, piece_end - op->done, &n));
+            } else if (op->kind == DSHIM_XF_RECV) {
+                DSHIM_CHECK(c->ops->recv(c, (char *)op->rbuf + op->done, piece_end - op->done, &n));
+            } else {
+                const void *ptr;
+                size_t avail;
+                DSHIM_CHECK(c->ops->peek(c, &ptr, &avail));
+                size_t want = piece_end - op->done;
+                n = avail < want ? avail : want;
+                n -= n % esize;
+                if (n) {
+                    char *dst = (char *)op->rbuf + op->done;
+                    const char *loc = (const char *)op->local + op->done;
+                    size_t cnt = n / esize;
+                    dshim_dtype_t dt = (dshim_dtype_t)sig->dtype;
+                    dshim_redop_t ro = (dshim_redop_t)sig->redop;
+                    if (ro == DSHIM_AVG) {
+                        ro = DSHIM_SUM;
+                    }
+                    dshim_status_t st = op->incoming_first ? comm->reduce->reduce(dst, ptr, loc, cnt, dt, ro, NULL)
+                                                           : comm->reduce->reduce(dst, loc, ptr, cnt, dt, ro, NULL);
+                    if (st == DSHIM_OK && op->avg_div) {
+                        st = comm->reduce->scale_div(dst, cnt, dt, comm->size, NULL);
+                    }
+                    DSHIM_CHECK(st);
+                    DSHIM_CHECK(c->ops->consume(c, n));
+                }
+            }
+            if (n == 0) {
+                break;
+            }
+            op->done += n;
+            *moved = 1;
+            if (op->done < op->len) {
+                return DSHIM_OK; /* let the other ops of this step move too */
+            }
+        }
+        if (op->done < op->len) {
+            return DSHIM_OK;
+        }
+        op->phase = PH_PAD;
+    }
+    if (op->phase == PH_PAD) {
+        size_t pad = pad_of(op->len);
+        while (op->hoff < pad) {
+            n = 0;
+            if (op->kind == DSHIM_XF_SEND) {
+                DSHIM_CHECK(c->ops->send(c, zeros, pad - op->hoff, &n));
+            } else {
+                unsigned char sink[8];
+                DSHIM_CHECK(c->ops->recv(c, sink, pad - op->hoff, &n));
+            }
+            if (n == 0) {
+                return DSHIM_OK;
+            }
+            op->hoff += n;
+            *moved = 1;
+        }
+        op->phase = PH_DONE;
+    }
+    return DSHIM_OK;
+}
+
+/* Peers we are blocked on, as text, for timeout/dead-peer messages. */
+static void waiting_on(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, char *out, size_t len)
+{
+    size_t o = 0;
+    out[0] = 0;
+    for (int i = 0; i < n && o + 48 < len; i++) {
+        if (ops[i].phase == PH_DONE || (ops[i].prev && ops[i].prev->phase != PH_DONE)) {
+            continue;
+        }
+        char p[160];
+        dshim_comm_describe_peer(comm, ops[i].peer, p, sizeof(p));
+        o += (size_t)snprintf(out + o, len - o, "%s%s %s", o ? ", " : "",
+                              ops[i].kind == DSHIM_XF_SEND ? "sending to" : "receiving from", p);
+    }
+}
+
+/* Announces in the store that this rank reached collective `seq` and is
+ * waiting; used to name the ranks that never arrived when a timeout fires. */
+static void announce_arrival(dshim_comm_t *comm, uint64_t seq)
+{
+    char key[160];
+    snprintf(key, sizeof(key), "%sarrive/%" PRIu64 "/%d", comm->prefix, seq, comm->rank);
+    dshim_store_set(comm->store->store, key, "1", 1);
+}
+
+static void missing_ranks(dshim_comm_t *comm, uint64_t seq, char *out, size_t len)
+{
+    size_t o = 0;
+    out[0] = 0;
+    for (int r = 0; r < comm->size && o + 16 < len; r++) {
+        if (r == comm->rank) {
+            continue;
+        }
+        char key[160];
+        void *val = NULL;
+        size_t vl = 0;
+        snprintf(key, sizeof(key), "%sarrive/%" PRIu64 "/%d", comm->prefix, seq, r);
+        if (dshim_store_try_get(comm->store->store, key, &val, &vl) == DSHIM_OK) {
+            free(val);
+            continue;
+        }
+        o += (size_t)snprintf(out + o, len - o, "%s%d", o ? ", " : "", r);
+    }
+}
+
+/* Polls the sockets of the peers we wait on; returns an error when one of
+ * them is closed (for shm peers the socket only carries this signal). */
+static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, uint32_t bell,
+                                      int timeout_ms)
+{
+    struct pollfd pfd[64];
+    int owner[64];
+    int np = 0, shm_pending = 0;
+    for (int i = 0; i < n && np < 64; i++) {
+        dshim_xfer_op_t *op = &ops[i];
+        if (op->phase == PH_DONE || (op->prev && op->prev->phase != PH_DONE)) {
+            continue;
+        }
+        dshim_conn_t *c = comm->conns[op->peer];
+        if (c->is_shm) {
+            shm_pending = 1;
+            pfd[np].events = POLLIN; /* EOF or an unexpected byte = the peer is gone */
+        } else {
+            pfd[np].events = op->kind == DSHIM_XF_SEND ? POLLOUT : POLLIN;
+        }
+        pfd[np].fd = c->fd;
+        pfd[np].revents = 0;
+        owner[np] = op->peer;
+        np++;
+    }
+    if (shm_pending) {
+        /* sleep on the doorbell, then look at the control sockets without waiting */
+        int tcp_too = 0;
+        for (int i = 0; i < np; i++) {
+            tcp_too |= !comm->conns[owner[i]]->is_shm;
+        }
+        dshim_shm_doorbell_wait(comm->inbox, bell, tcp_too ? 1000 : (long)timeout_ms * 1000);
+        timeout_ms = 0;
+    }
+    int rc = poll(pfd, (nfds_t)np, timeout_ms);
+    if (rc < 0 && errno != EINTR) {
+        return dshim_error_quiet(DSHIM_ERR_SYSTEM, "poll failed: %s", strerror(errno));
+    }
+    for (int i = 0; rc > 0 && i < np; i++) {
+        dshim_conn_t *c = comm->conns[owner[i]];
+        if (!c->is_shm || !(pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+            continue;
+        }
+        char b;
+        ssize_t got = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) || got > 0) {
+            /* a shm peer that died may still have left data: only fail once
+             * the caller saw no progress (it did: that is why we sleep) */
+            return dshim_error_quiet(DSHIM_ERR_PEER,
+                                     "rank %d closed its connection (it exited, crashed or was killed)", c->peer);
+        }
+    }
+    return DSHIM_OK;
+}
+
+static dshim_status_t fail_step(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st)
+{
+    char call[160], msg[1024];
+    describe_call(call, sizeof(call), sig->coll, sig->dtype, sig->redop, sig->root, sig->count, sig->seq);
+    snprintf(msg, sizeof(msg), "rank %d (host %s) in %s: %s", comm->rank, comm->peers[comm->rank].hostname, call,
+             dshim_last_error());
+    return dshim_comm_fail(comm, st, msg);
+}
+
+dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n)
+{
+    size_t esize = dshim_dtype_size((dshim_dtype_t)sig->dtype);
+    if (esize == 0) {
+        esize = 1;
+    }
+    for (int i = 0; i < n; i++) {
+        ops[i].phase = PH_HDR;
+        ops[i].done = 0;
+        ops[i].hoff = 0;
+        ops[i].prev = NULL;
+        for (int j = i - 1; j >= 0; j--) {
+            if (ops[j].peer == ops[i].peer && (ops[j].kind == DSHIM_XF_SEND) == (ops[i].kind == DSHIM_XF_SEND)) {
+                ops[i].prev = &ops[j];
+                break;
+            }
+        }
+        if (ops[i].peer < 0 || ops[i].peer >= comm->size || ops[i].peer == comm->rank || !comm->conns[ops[i].peer]) {
+            dshim_error_quiet(DSHIM_ERR_INTERNAL, "transfer to invalid peer %d", ops[i].peer);
+            return fail_step(comm, sig, DSHIM_ERR_INTERNAL);
+        }
+    }
+    double start = dshim_now(), last_progress = start;
+    int announced = 0;
+    double spin_s = (double)comm->spin_us * 1e-6;
+    unsigned idle_loops = 0;
+    while (1) {
+        uint32_t bell = comm->inbox ? dshim_shm_doorbell_read(comm->inbox) : 0;
+        int remaining = 0, moved = 0;
+        for (int i = 0; i < n; i++) {
+            dshim_xfer_op_t *op = &ops[i];
+            if (op->phase == PH_DONE) {
+                continue;
+            }
+            if (op->prev && op->prev->phase != PH_DONE) {
+                remaining++;
+                continue;
+            }
+            dshim_status_t st = progress_op(comm, sig, op, esize, &moved);
+            if (st != DSHIM_OK) {
+                return fail_step(comm, sig, st);
+            }
+            if (op->phase != PH_DONE) {
+                remaining++;
+            }
+        }
+        if (!remaining) {
+            return DSHIM_OK;
+        }
+        if (moved) {
+            idle_loops = 0;
+            continue;
+        }
+        if (__atomic_load_n(&comm->error, __ATOMIC_ACQUIRE) != DSHIM_OK) {
+            dshim_error_set_raw(comm->errmsg);
+            return comm->error;
+        }
+        /* nothing moved: spin a little (peers are usually microseconds away),
+         * then sleep on the doorbell / sockets */
+        double now = dshim_now();
+        if (idle_loops++ == 0) {
+            last_progress = now;
+        }
+        if (now - last_progress < spin_s) {
+            if ((idle_loops & 63) == 0) {
+                sched_yield();
+            } else {
+                __builtin_ia32_pause();
+            }
+            continue;
+        }
+        double waited = now - last_progress;
+        if (!announced && now - start > 1.0) {
+            announce_arrival(comm, sig->seq);
+            announced = 1;
+        }
+        if (waited > comm->timeout_s) {
+            char who[512], missing[256];
+            waiting_on(comm, ops, n, who, sizeof(who));
+            missing_ranks(comm, sig->seq, missing, sizeof(missing));
+            dshim_error_quiet(DSHIM_ERR_TIMEOUT,
+                              "no progress for %.0f s (DSHIM_TIMEOUT) while %s; ranks that did not arrive at this "
+                              "collective: %s",
+                              comm->timeout_s, who, missing[0] ? missing : "none known (check the other ranks' logs)");
+            return fail_step(comm, sig, DSHIM_ERR_TIMEOUT);
+        }
+        double left = comm->timeout_s - waited;
+        int tmo = left > 0.1 ? 100 : (int)(left * 1000) + 1;
+        dshim_status_t st = wait_for_events(comm, ops, n, bell, tmo);
+        if (st != DSHIM_OK) {
+            /* data may have arrived just before the peer left: try once more */
+            int moved2 = 0;
+            for (int i = 0; i < n && !moved2; i++) {
+                if (ops[i].phase != PH_DONE && !(ops[i].prev && ops[i].prev->phase != PH_DONE)) {
+                    if (progress_op(comm, sig, &ops[i], esize, &moved2) != DSHIM_OK) {
+                        break;
+                    }
+                }
+            }
+            if (!moved2) {
+                dshim_error_set_raw(dshim_last_error());
+                return fail_step(comm, sig, st);
+            }
+            idle_loops = 0;
+        }
+    }
+}

@@ -1,0 +1,75 @@
+/*
+ * The data engine: drives a set of point-to-point transfers of one collective
+ * step to completion, overlapping sends, receives and reductions, waiting
+ * without burning the CPU when nothing moves, and turning silence, dead peers,
+ * garbage and mismatched collectives into errors.
+ *
+ * Every message on a stream is: a 48-byte header (magic, collective
+ * signature, payload length) + payload + zero padding to 8 bytes.  See
+ * docs/wire-protocol.md.
+ */
+#ifndef DSHIM_XFER_H
+#define DSHIM_XFER_H
+
+#include "comm.h"
+
+typedef enum { DSHIM_XF_SEND = 0, DSHIM_XF_RECV, DSHIM_XF_RECV_REDUCE } dshim_xf_kind_t;
+
+typedef struct dshim_xfer_op dshim_xfer_op_t;
+struct dshim_xfer_op {
+    /* filled by the algorithm */
+    int kind;
+    int peer;
+    const void *sbuf;      /* SEND: data */
+    void *rbuf;            /* RECV: destination; RECV_REDUCE: dst */
+    const void *local;     /* RECV_REDUCE: local operand (may equal rbuf) */
+    size_t len;            /* payload bytes */
+    int incoming_first;    /* RECV_REDUCE: dst = op(incoming, local) instead of op(local, incoming) */
+    int avg_div;           /* RECV_REDUCE: divide the result by comm size (AVG, final step) */
+    dshim_xfer_op_t *dep;  /* may move only up to dep->done bytes (same offsets) */
+    dshim_xfer_op_t *dep2;
+    /* engine state */
+    int phase;
+    size_t done;
+    size_t hoff;
+    unsigned char hdr[48];
+    dshim_xfer_op_t *prev; /* earlier op on the same peer and direction */
+};
+
+/* Runs ops[0..n) to completion.  The signature is checked against every
+ * incoming header.  dtype/redop used for RECV_REDUCE come from sig. */
+dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n);
+
+/* Convenience constructors. */
+static inline dshim_xfer_op_t dshim_xf_send(int peer, const void *buf, size_t len)
+{
+    dshim_xfer_op_t op = {0};
+    op.kind = DSHIM_XF_SEND;
+    op.peer = peer;
+    op.sbuf = buf;
+    op.len = len;
+    return op;
+}
+static inline dshim_xfer_op_t dshim_xf_recv(int peer, void *buf, size_t len)
+{
+    dshim_xfer_op_t op = {0};
+    op.kind = DSHIM_XF_RECV;
+    op.peer = peer;
+    op.rbuf = buf;
+    op.len = len;
+    return op;
+}
+static inline dshim_xfer_op_t dshim_xf_recv_reduce(int peer, void *dst, const void *local, size_t len,
+                                                   int incoming_first)
+{
+    dshim_xfer_op_t op = {0};
+    op.kind = DSHIM_XF_RECV_REDUCE;
+    op.peer = peer;
+    op.rbuf = dst;
+    op.local = local;
+    op.len = len;
+    op.incoming_first = incoming_first;
+    return op;
+}
+
+#endif
