@@ -29,6 +29,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 MIN_ITERS = 5
@@ -71,30 +72,38 @@ def launch(args):
         if args.json:
             cmd += ["-j", os.path.abspath(args.json)]
         procs.append(subprocess.Popen(cmd, env=env))
-    deadline = time.monotonic() + args.timeout
+    live = {p.pid: p for p in procs}
+    timed_out = threading.Event()
+
+    def on_deadline():
+        timed_out.set()
+        print(f"gloo_bench: timed out after {args.timeout:.0f} s; killing the ranks",
+              file=sys.stderr)
+        for q in list(live.values()):
+            q.kill()
+
+    timer = threading.Timer(args.timeout, on_deadline)
+    timer.daemon = True
+    timer.start()
     rc = 0
-    # Poll rather than wait on rank 0: if any rank dies, the others would
-    # block in a collective until gloo's own timeout, so stop them at once.
-    while procs:
-        for p in list(procs):
-            code = p.poll()
-            if code is None:
-                continue
-            procs.remove(p)
-            if code != 0:
-                rc = code if code > 0 else 1
+    # Block in wait() instead of polling: a launcher waking up every few ms
+    # would steal wake-ups from the ranks it measures.  If any rank dies the
+    # others would block in a collective until gloo's own timeout, so they
+    # are stopped at once.
+    while live:
+        pid, status = os.wait()
+        if pid not in live:
+            continue
+        live.pop(pid).returncode = code = os.waitstatus_to_exitcode(status)
+        if code != 0 and rc == 0:  # the first failure; the rest are our kills
+            rc = code if code > 0 else 1
+            if not timed_out.is_set():
                 print(f"gloo_bench: a rank exited with status {code}; stopping the others",
                       file=sys.stderr)
-                for q in procs:
-                    q.kill()
-        if procs and time.monotonic() > deadline:
-            print(f"gloo_bench: timed out after {args.timeout:.0f} s; killing the ranks",
-                  file=sys.stderr)
-            for q in procs:
+            for q in live.values():
                 q.kill()
-            rc = 124
-        time.sleep(0.05)
-    return rc
+    timer.cancel()
+    return 124 if timed_out.is_set() else rc
 
 
 def bench_size(dist, torch, size, rank, n, min_time):

@@ -290,6 +290,16 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     parse_args(argc, argv, rank, &args);
+    /* Fail before minutes of measuring, not after the first size. */
+    if (rank == 0 && args.json_path != NULL) {
+        FILE *f = fopen(args.json_path, "a");
+        if (f == NULL) {
+            fprintf(stderr, "mpi_bench: cannot open %s for appending: %s; check the -j path\n",
+                    args.json_path, strerror(errno));
+            MPI_Abort(MPI_COMM_WORLD, 4);
+        }
+        fclose(f);
+    }
     if (rank == 0) {
         char ver[MPI_MAX_LIBRARY_VERSION_STRING];
         int len = 0;

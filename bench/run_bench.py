@@ -243,6 +243,10 @@ class Bench:
         self.avail = {}      # (impl, transport) -> None if usable, else reason
         self.versions = {}
         self.current = None  # Popen of the run in progress
+        # how this report came about, stored with every run for --report-only
+        self.command_line = (f"cd {shlex.quote(os.getcwd())} && "
+                             f"{os.path.basename(sys.executable)} {shlex.join(sys.argv)}")
+        self.started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
         self.sizes = args.size_list
         self.nps = args.np_list
 
@@ -351,7 +355,8 @@ class Bench:
         return cmd, env
 
     def run_one(self, rep, n, impl, transport):
-        rec = dict(kind="run", run_id=self.run_id, rep=rep, np=n, impl=impl, transport=transport)
+        rec = dict(kind="run", run_id=self.run_id, rep=rep, np=n, impl=impl, transport=transport,
+                   command=self.command_line, started=self.started)
         why = self.avail.get((impl, transport))
         if why is not None:
             rec.update(status="missing", reason=why)
@@ -438,7 +443,8 @@ class Bench:
                 except (ValueError, TypeError):
                     bad += 1
                     continue
-                if r["np"] != rec["np"]:
+                # a size whose correctness check failed measures nothing
+                if r["np"] != rec["np"] or str(r.get("check", "ok")).upper() == "FAIL":
                     bad += 1
                     continue
                 # the summary keys on the transport we asked for; keep what the
@@ -453,6 +459,12 @@ class Bench:
     def run_all(self):
         runs, rows = [], []
         os.makedirs(self.bench_dir, exist_ok=True)
+        # what --report-only needs to rebuild the report later, as of now
+        meta = dict(kind="meta", run_id=self.run_id, command=self.command_line,
+                    started=self.started, versions=self.versions, sizes=self.sizes, nps=self.nps,
+                    reps=self.a.reps, avail={f"{i}-{t}": why for (i, t), why in self.avail.items()})
+        with open(self.runs_path, "a") as f:
+            f.write(json.dumps(meta) + "\n")
         for rep in range(1, self.a.reps + 1):
             for n in self.nps:
                 for impl, transport in ORDER:
@@ -623,7 +635,7 @@ class Summary:
             if r.get("sizes_missing"):
                 note.append("no result for " + ", ".join(fmt_size(s) for s in r["sizes_missing"]))
             if r.get("bad_lines"):
-                note.append(f"{r['bad_lines']} unusable JSON line(s)")
+                note.append(f"{r['bad_lines']} unusable JSON line(s) (malformed, wrong N or check FAIL)")
             if r.get("transport_mismatch"):
                 note.append("reported transport " + ",".join(map(str, r["transport_mismatch"])))
             if r["status"] == "timeout":
@@ -691,7 +703,7 @@ What runs, per repetition and per N, in this order:
 
 `build/bench/mpi_bench` is compiled from `bench/mpi_bench.c` with `mpicc`
 when missing or older than its source. dshim-bench takes a geometric sweep
-(`-b/-e/-f`): the harness passes the smallest factor covering the requested
+(`-b/-e/-f`): the harness passes the largest factor that covers the requested
 sizes and ignores the extra sizes in the tables (they stay in the raw file).
 An implementation that is not available (binary not built, torch missing)
 is reported as `missing`; a run that fails or times out as `failed`; the
@@ -721,15 +733,14 @@ latency at small sizes. Results from 64 MiB up are memory-bandwidth bound
 """
 
 
-def write_report(bench, runs, rows, started, out_path, argv):
+def write_report(bench, runs, rows, out_path):
     summ = Summary(runs, rows, bench.sizes, bench.nps)
     m = machine_info()
     v = bench.versions
-    lines = [DOC_HEAD, "## This run\n",
-             "```bash", "cd " + shlex.quote(os.getcwd()),
-             os.path.basename(sys.executable) + " " + shlex.join(argv), "```\n",
+    shown = bench.command_line.replace(" && ", "\n", 1)
+    lines = [DOC_HEAD, "## This run\n", "```bash", shown, "```\n",
              "| item | value |", "|---|---|",
-             f"| date (UTC) | {started} |",
+             f"| date (UTC) | {bench.started} |",
              f"| run id | `{bench.run_id}` (raw: `{rel(bench.results_path)}`, "
              f"`{rel(bench.runs_path)}`) |",
              f"| machine | {m['nproc']} CPUs, {m['cpu']}, {m['memory']} RAM |",
@@ -767,7 +778,8 @@ def load_previous(bench):
     if not os.path.exists(bench.runs_path):
         raise HarnessError(f"{bench.runs_path} does not exist: run the benchmark first")
     with open(bench.runs_path) as f:
-        all_runs = [json.loads(line) for line in f if line.strip()]
+        records = [json.loads(line) for line in f if line.strip()]
+    all_runs = [r for r in records if r.get("kind", "run") == "run"]
     run_id = bench.a.run_id or (all_runs[-1]["run_id"] if all_runs else None)
     runs = [r for r in all_runs if r["run_id"] == run_id]
     if not runs:
@@ -778,14 +790,22 @@ def load_previous(bench):
             rows = [r for r in (json.loads(line) for line in f if line.strip())
                     if r.get("run_id") == run_id]
     bench.run_id = run_id
+    meta = next((r for r in records if r.get("kind") == "meta" and r["run_id"] == run_id), None)
+    if meta is not None:
+        bench.command_line, bench.started = meta["command"], meta["started"]
+        bench.versions = dict(meta["versions"])
+        bench.sizes, bench.nps, bench.a.reps = meta["sizes"], meta["nps"], meta["reps"]
+        for key, why in meta["avail"].items():
+            bench.avail[IMPL_KEYS[key]] = why
+        return runs, rows
+    # an older file without the meta record: infer what it can
+    bench.versions.update(bench.tool_versions())
     bench.nps = sorted({r["np"] for r in runs})
     bench.a.reps = max(r["rep"] for r in runs)
-    sizes = sorted({r["bytes"] for r in rows if r.get("in_sweep", True)})
-    bench.sizes = sizes or bench.sizes
+    bench.sizes = sorted({r["bytes"] for r in rows if r.get("in_sweep", True)}) or bench.sizes
     for r in runs:
-        key = (r["impl"], r["transport"])
         if r["status"] == "missing":
-            bench.avail[key] = r.get("reason", "missing")
+            bench.avail[(r["impl"], r["transport"])] = r.get("reason", "missing")
     return runs, rows
 
 
@@ -840,23 +860,28 @@ def parse_args(argv):
     return a
 
 
+def on_sigterm(signum, frame):
+    # same clean-up as Ctrl-C: the run in progress is stopped by run_one
+    raise KeyboardInterrupt
+
+
 def main(argv):
     args = parse_args(argv[1:])
+    signal.signal(signal.SIGTERM, on_sigterm)
     bench = Bench(args)
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     try:
         if args.report_only:
             runs, rows = load_previous(bench)
-            bench.versions.update(bench.tool_versions())
         else:
             bench.probe()
             for key in ORDER:
                 if bench.avail.get(key) and key in args.impl_list:
                     print(f"{LABEL[key]}: missing ({bench.avail[key]})", flush=True)
             runs, rows = bench.run_all()
-        count = write_report(bench, runs, rows, started, args.out, argv)
+        count = write_report(bench, runs, rows, args.out)
     except KeyboardInterrupt:
-        print("\ninterrupted; the run in progress was stopped", file=sys.stderr)
+        print("\nrun_bench: interrupted; the run in progress was stopped, no report written",
+              file=sys.stderr)
         return 130
     except (HarnessError, OSError) as e:
         print(f"run_bench: {e}", file=sys.stderr)

@@ -14,8 +14,6 @@ dshim_status_t dshim_algo_reduce_scatter(dshim_comm_t *comm, dshim_request_t *re
 dshim_status_t dshim_algo_alltoallv(dshim_comm_t *comm, dshim_request_t *req);
 dshim_status_t dshim_algo_gather(dshim_comm_t *comm, dshim_request_t *req);
 dshim_status_t dshim_algo_scatter(dshim_comm_t *comm, dshim_request_t *req);
-dshim_status_t dshim_algo_send(dshim_comm_t *comm, dshim_request_t *req);
-dshim_status_t dshim_algo_recv(dshim_comm_t *comm, dshim_request_t *req);
 dshim_status_t dshim_algo_barrier(dshim_comm_t *comm, dshim_request_t *req);
 
 /* Recursive-doubling allreduce of buf in place (latency-optimal; any size,

@@ -128,17 +128,3 @@ dshim_status_t dshim_algo_barrier(dshim_comm_t *comm, dshim_request_t *req)
     uint64_t token = 0;
     return dshim_allreduce_rd(comm, &req->sig, &token, 1);
 }
-
-dshim_status_t dshim_algo_send(dshim_comm_t *comm, dshim_request_t *req)
-{
-    req->sig.seq = comm->p2p_tx[req->root]++;
-    dshim_xfer_op_t op = dshim_xf_send(req->root, req->sbuf, req->count * dshim_dtype_size(req->dtype));
-    return dshim_xfer(comm, &req->sig, &op, 1);
-}
-
-dshim_status_t dshim_algo_recv(dshim_comm_t *comm, dshim_request_t *req)
-{
-    req->sig.seq = comm->p2p_rx[req->root]++;
-    dshim_xfer_op_t op = dshim_xf_recv(req->root, req->rbuf, req->count * dshim_dtype_size(req->dtype));
-    return dshim_xfer(comm, &req->sig, &op, 1);
-}

@@ -398,7 +398,8 @@ static dshim_status_t p2p_(dshim_comm_t *comm, int sending, const void *sbuf, vo
     }
     DSHIM_CHECK(check_buf(comm, sending ? sbuf : rbuf, count, "buf", what));
     dshim_request_t r;
-    init_req(&r, sending ? dshim_algo_send : dshim_algo_recv, DSHIM_COLL_P2P, sbuf, rbuf, count, dt, DSHIM_SUM, peer);
+    /* no exec function: the engine batches point-to-point requests itself */
+    init_req(&r, NULL, DSHIM_COLL_P2P, sbuf, rbuf, count, dt, DSHIM_SUM, peer);
     r.sig.root = -1;
     return issue(comm, &r, req_p);
 }

@@ -31,6 +31,27 @@ static dshim_status_t check_args(const dshim_comm_args_t *a)
     return DSHIM_OK;
 }
 
+/* The store this process hosts, if any.  When a job fails, the other ranks
+ * read the first failure's description from the store; if this process
+ * exits right after its own error the store would vanish with it, so at exit
+ * it keeps serving briefly until every peer has read it (bounded). */
+static dshim_store_ref_t *hosted_ref;
+
+static void linger_at_exit(void)
+{
+    dshim_store_ref_t *ref = __atomic_load_n(&hosted_ref, __ATOMIC_ACQUIRE);
+    if (!ref || !__atomic_load_n(&ref->failed, __ATOMIC_ACQUIRE)) {
+        return;
+    }
+    double deadline = dshim_now() + 3.0;
+    int64_t seen = 0;
+    while (dshim_now() < deadline && dshim_store_add(ref->store, "failseen", 0, &seen) == DSHIM_OK &&
+           seen < ref->size - 1) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static void store_ref_release(dshim_store_ref_t *ref)
 {
     pthread_mutex_lock(&ref->lock);
@@ -51,12 +72,20 @@ static void store_ref_release(dshim_store_ref_t *ref)
             nanosleep(&ts, NULL);
         }
     }
+    if (ref->server) {
+        __atomic_store_n(&hosted_ref, NULL, __ATOMIC_RELEASE);
+    }
     dshim_store_close(ref->store);
     if (ref->server) {
         dshim_store_server_stop(ref->server);
     }
     pthread_mutex_destroy(&ref->lock);
     free(ref);
+}
+
+static void register_linger(void)
+{
+    atexit(linger_at_exit);
 }
 
 DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim_comm_t **comm_p)
@@ -101,6 +130,11 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim
         goto err_store;
     }
     dshim_engine_init(*comm_p);
+    if (ref->server) {
+        static pthread_once_t once = PTHREAD_ONCE_INIT;
+        pthread_once(&once, register_linger);
+        __atomic_store_n(&hosted_ref, ref, __ATOMIC_RELEASE);
+    }
     DSHIM_INFO("rank %d of %d joined (%d on this host, transport %s)", args->rank, args->size, (*comm_p)->nlocal,
                (*comm_p)->any_shm ? ((*comm_p)->any_tcp ? "shm+tcp" : "shm") : "tcp");
     return DSHIM_OK;
@@ -194,6 +228,7 @@ dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char
             free(val);
         }
     }
+    __atomic_store_n(&comm->store->failed, 1, __ATOMIC_RELEASE);
     snprintf(comm->errmsg, sizeof(comm->errmsg), "%s", full);
     __atomic_store_n(&comm->error, st, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&comm->lock);
@@ -203,6 +238,8 @@ dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char
         int won = 0;
         snprintf(key, sizeof(key), "%sabort", comm->prefix);
         dshim_store_set_if_absent(comm->store->store, key, msg, strlen(msg), &won);
+        int64_t seen;
+        dshim_store_add(comm->store->store, "failseen", 1, &seen);
     }
     /* make every peer notice now rather than at its own timeout */
     for (int r = 0; r < comm->size; r++) {

@@ -33,6 +33,7 @@ typedef struct dshim_store_ref {
     int refs;
     int size;            /* world size: the server waits for this many goodbyes */
     char token[256];     /* job token, for the handshakes of sub-communicators */
+    int failed;          /* a communicator on this store failed (see linger_at_exit) */
     pthread_mutex_t lock;
 } dshim_store_ref_t;
 

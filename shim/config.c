@@ -205,6 +205,17 @@ dshim_status_t dshim_config_reload(void)
     return st;
 }
 
+int dshim_config_is_set(const char *env_name)
+{
+    const dshim_config_t *cfg = dshim_config();
+    for (size_t i = 0; i < NROWS; i++) {
+        if (!strcmp(rows[i].env, env_name)) {
+            return cfg->from_env[i];
+        }
+    }
+    return 0;
+}
+
 static void print_value(FILE *out, const param_row_t *r, const dshim_config_t *cfg)
 {
     const void *field = (const char *)cfg + r->offset;

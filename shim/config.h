@@ -32,6 +32,8 @@ dshim_status_t dshim_config_reload(void);
 /* Parse one value with the table's parser for that variable (tests, CLI). */
 dshim_status_t dshim_config_parse_size(const char *text, size_t *out);
 dshim_status_t dshim_config_parse_bool(const char *text, int *out);
+/* 1 if the variable (e.g. "DSHIM_SPIN_US") was set in the environment. */
+int dshim_config_is_set(const char *env_name);
 /* Writes the table as markdown (docs/env-vars.md) or as text. */
 void dshim_config_print(FILE *out, int markdown);
 

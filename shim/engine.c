@@ -1,5 +1,6 @@
 /* Request engine (see engine.h). */
 #include <sched.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -8,6 +9,7 @@
 #include "engine.h"
 #include "net.h"
 #include "status.h"
+#include "xfer.h"
 
 void dshim_engine_init(dshim_comm_t *comm)
 {
@@ -16,6 +18,12 @@ void dshim_engine_init(dshim_comm_t *comm)
     comm->small_msg_bytes = cfg->small_msg_bytes;
     comm->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 1e9;
     comm->spin_us = cfg->spin_us;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cpus > 0 && comm->nlocal > cpus && !dshim_config_is_set("DSHIM_SPIN_US")) {
+        /* more ranks than cores here: a spinning rank only delays the one it
+         * waits for, so block at once */
+        comm->spin_us = 0;
+    }
     comm->check_sig = cfg->check_collectives;
     comm->reduce = dshim_reduce_cpu_ops(cfg->reduce_isa);
     const char *a = cfg->algo;
@@ -28,10 +36,112 @@ void dshim_engine_init(dshim_comm_t *comm)
     }
 }
 
+#define P2P_BATCH_CAP 256
+
+typedef struct p2p_batch {
+    dshim_request_t *reqs[P2P_BATCH_CAP];
+} p2p_batch_t;
+
+/* Turns the point-to-point request at the queue head into an op.  Lock held. */
+static int take_p2p(dshim_comm_t *comm, dshim_xfer_op_t *ops, int *n_p, int cap)
+{
+    int added = 0;
+    while (*n_p < cap && comm->q_head && comm->q_head->sig.coll == DSHIM_COLL_P2P) {
+        dshim_request_t *req = comm->q_head;
+        comm->q_head = req->next;
+        if (!comm->q_head) {
+            comm->q_tail = NULL;
+        }
+        size_t bytes = req->count * dshim_dtype_size(req->dtype);
+        dshim_xfer_op_t *op = &ops[*n_p];
+        if (req->sbuf) {
+            req->sig.seq = comm->p2p_tx[req->root]++;
+            *op = dshim_xf_send(req->root, req->sbuf, bytes);
+        } else {
+            req->sig.seq = comm->p2p_rx[req->root]++;
+            *op = dshim_xf_recv(req->root, req->rbuf, bytes);
+        }
+        op->sig = &req->sig;
+        op->user = req;
+        (*n_p)++;
+        added++;
+    }
+    return added;
+}
+
+static int absorb_p2p(dshim_comm_t *comm, dshim_xfer_op_t *ops, int *n_p, int cap, void *ctx)
+{
+    (void)ctx;
+    pthread_mutex_lock(&comm->lock);
+    int added = take_p2p(comm, ops, n_p, cap);
+    pthread_mutex_unlock(&comm->lock);
+    return added;
+}
+
+static void finish_req(dshim_comm_t *comm, dshim_request_t *req, dshim_status_t st)
+{
+    req->status = st;
+    __atomic_store_n(&req->done, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&comm->cond);
+}
+
+static void p2p_done(dshim_comm_t *comm, dshim_xfer_op_t *op, void *ctx)
+{
+    (void)ctx;
+    pthread_mutex_lock(&comm->lock);
+    finish_req(comm, op->user, DSHIM_OK);
+    pthread_mutex_unlock(&comm->lock);
+}
+
+/* Consecutive sends and receives run together as one batch, and requests
+ * queued while it runs join it: an exchange written as isend + irecv on both
+ * sides must not deadlock on a send that waits for the peer's receive.
+ * Called with the lock held and the head being point-to-point. */
+static void run_p2p_batch(dshim_comm_t *comm)
+{
+    dshim_xfer_op_t *ops = calloc(P2P_BATCH_CAP, sizeof(*ops));
+    int n = 0;
+    if (!ops) {
+        dshim_request_t *req = comm->q_head;
+        comm->q_head = req->next;
+        if (!comm->q_head) {
+            comm->q_tail = NULL;
+        }
+        finish_req(comm, req, dshim_error(DSHIM_ERR_NOMEM, "out of memory for a send/recv batch"));
+        return;
+    }
+    take_p2p(comm, ops, &n, P2P_BATCH_CAP);
+    comm->busy = 1;
+    pthread_mutex_unlock(&comm->lock);
+    dshim_xfer_hooks_t hooks = {.absorb = absorb_p2p, .done = p2p_done, .ctx = NULL, .cap = P2P_BATCH_CAP};
+    dshim_status_t st;
+    if (__atomic_load_n(&comm->error, __ATOMIC_ACQUIRE) != DSHIM_OK) {
+        st = comm->error;
+    } else {
+        st = dshim_xfer_ex(comm, ops[0].sig, ops, n, &hooks);
+    }
+    pthread_mutex_lock(&comm->lock);
+    /* the batch may have grown: n is only known through the ops' owners */
+    for (int i = 0; i < P2P_BATCH_CAP && ops[i].user; i++) {
+        dshim_request_t *req = ops[i].user;
+        if (!req->done) {
+            finish_req(comm, req, st == DSHIM_OK ? DSHIM_OK : st);
+        }
+    }
+    comm->stats.collectives++;
+    comm->busy = 0;
+    pthread_cond_broadcast(&comm->cond);
+    free(ops);
+}
+
 /* Executes the head of the queue.  Called with comm->lock held and !busy;
  * returns with the lock held. */
 static void run_head(dshim_comm_t *comm)
 {
+    if (comm->q_head->sig.coll == DSHIM_COLL_P2P) {
+        run_p2p_batch(comm);
+        return;
+    }
     dshim_request_t *req = comm->q_head;
     comm->q_head = req->next;
     if (!comm->q_head) {
@@ -44,17 +154,14 @@ static void run_head(dshim_comm_t *comm)
         st = comm->error;
     } else {
         /* collectives are numbered in execution (= issue) order; point-to-point
-         * messages are numbered per peer by the send/recv code, because ranks
-         * not involved in them do not count them */
-        if (req->sig.coll != DSHIM_COLL_P2P) {
-            req->sig.seq = comm->next_seq++;
-        }
+         * messages are numbered per peer, because ranks not involved in them
+         * do not count them */
+        req->sig.seq = comm->next_seq++;
         st = req->fn(comm, req);
         __atomic_add_fetch(&comm->stats.collectives, 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_lock(&comm->lock);
-    req->status = st;
-    __atomic_store_n(&req->done, 1, __ATOMIC_RELEASE);
+    finish_req(comm, req, st);
     comm->busy = 0;
     pthread_cond_broadcast(&comm->cond);
 }

@@ -11,7 +11,11 @@ static __thread char last_error[1024];
 
 static dshim_status_t record(int log, dshim_status_t status, const char *fmt, va_list ap)
 {
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    /* format into a temporary first: callers often wrap the previous
+     * message, passing dshim_last_error() itself as an argument */
+    char tmp[sizeof(last_error)];
+    vsnprintf(tmp, sizeof(tmp), fmt, ap);
+    memcpy(last_error, tmp, sizeof(tmp));
     if (log) {
         DSHIM_WARN("%s", last_error);
     }
@@ -42,6 +46,9 @@ dshim_status_t dshim_error_quiet(dshim_status_t status, const char *fmt, ...)
 
 void dshim_error_set_raw(const char *msg)
 {
+    if (msg == last_error) {
+        return;
+    }
     snprintf(last_error, sizeof(last_error), "%s", msg);
 }
 

@@ -896,9 +896,16 @@ dshim_status_t dshim_store_server_start(const char *addr, int port, const char *
         }
     }
     if (st == DSHIM_OK) {
-        /* the store thread must not take the application's signals */
+        /* the store thread must not take the application's asynchronous
+         * signals (SIGINT, SIGTERM, ...); faults stay unblocked so a crash
+         * in it still reaches the backtrace handler */
         sigset_t all, old;
         sigfillset(&all);
+        sigdelset(&all, SIGSEGV);
+        sigdelset(&all, SIGBUS);
+        sigdelset(&all, SIGILL);
+        sigdelset(&all, SIGFPE);
+        sigdelset(&all, SIGABRT);
         pthread_sigmask(SIG_SETMASK, &all, &old);
         int rc = pthread_create(&srv->thread, NULL, server_main, srv);
         pthread_sigmask(SIG_SETMASK, &old, NULL);

@@ -132,6 +132,11 @@ static dshim_status_t progress_op(dshim_comm_t *comm, const dshim_coll_sig_t *si
                                   size_t esize, int *moved)
 {
     dshim_conn_t *c = comm->conns[op->peer];
+    if (op->sig) {
+        sig = op->sig;
+        esize = dshim_dtype_size((dshim_dtype_t)sig->dtype);
+        esize = esize ? esize : 1;
+    }
     size_t n = 0;
     if (op->phase == PH_HDR) {
         if (op->kind == DSHIM_XF_SEND) {
@@ -326,6 +331,7 @@ static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, 
     return DSHIM_OK;
 }
 
+
 static dshim_status_t fail_step(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st)
 {
     char call[160], msg[1024];
@@ -335,28 +341,49 @@ static dshim_status_t fail_step(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
     return dshim_comm_fail(comm, st, msg);
 }
 
-dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n)
+void dshim_xfer_link(dshim_xfer_op_t *ops, int first, int n)
 {
-    size_t esize = dshim_dtype_size((dshim_dtype_t)sig->dtype);
-    if (esize == 0) {
-        esize = 1;
-    }
-    for (int i = 0; i < n; i++) {
+    for (int i = first; i < n; i++) {
         ops[i].phase = PH_HDR;
         ops[i].done = 0;
         ops[i].hoff = 0;
         ops[i].prev = NULL;
+        ops[i].reported = 0;
         for (int j = i - 1; j >= 0; j--) {
             if (ops[j].peer == ops[i].peer && (ops[j].kind == DSHIM_XF_SEND) == (ops[i].kind == DSHIM_XF_SEND)) {
                 ops[i].prev = &ops[j];
                 break;
             }
         }
+    }
+}
+
+static dshim_status_t check_peers(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int first,
+                                  int n)
+{
+    for (int i = first; i < n; i++) {
         if (ops[i].peer < 0 || ops[i].peer >= comm->size || ops[i].peer == comm->rank || !comm->conns[ops[i].peer]) {
             dshim_error_quiet(DSHIM_ERR_INTERNAL, "transfer to invalid peer %d", ops[i].peer);
-            return fail_step(comm, sig, DSHIM_ERR_INTERNAL);
+            return fail_step(comm, ops[i].sig ? ops[i].sig : sig, DSHIM_ERR_INTERNAL);
         }
     }
+    return DSHIM_OK;
+}
+
+dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n)
+{
+    return dshim_xfer_ex(comm, sig, ops, n, NULL);
+}
+
+dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
+                             const dshim_xfer_hooks_t *hooks)
+{
+    size_t esize = dshim_dtype_size((dshim_dtype_t)sig->dtype);
+    if (esize == 0) {
+        esize = 1;
+    }
+    dshim_xfer_link(ops, 0, n);
+    DSHIM_CHECK(check_peers(comm, sig, ops, 0, n));
     double start = dshim_now(), last_progress = start;
     int announced = 0;
     double spin_s = (double)comm->spin_us * 1e-6;
@@ -379,6 +406,17 @@ dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim
             }
             if (op->phase != PH_DONE) {
                 remaining++;
+            } else if (hooks && hooks->done && !op->reported) {
+                op->reported = 1;
+                hooks->done(comm, op, hooks->ctx);
+            }
+        }
+        if (!moved && hooks && hooks->absorb) {
+            int old_n = n;
+            if (hooks->absorb(comm, ops, &n, hooks->cap, hooks->ctx) && n > old_n) {
+                dshim_xfer_link(ops, old_n, n);
+                DSHIM_CHECK(check_peers(comm, sig, ops, old_n, n));
+                continue;
             }
         }
         if (!remaining) {
@@ -425,6 +463,8 @@ dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim
         int tmo = left > 0.1 ? 100 : (int)(left * 1000) + 1;
         dshim_status_t st = wait_for_events(comm, ops, n, bell, tmo);
         if (st != DSHIM_OK) {
+            char cause[512];
+            snprintf(cause, sizeof(cause), "%s", dshim_last_error());
             /* data may have arrived just before the peer left: try once more */
             int moved2 = 0;
             for (int i = 0; i < n && !moved2; i++) {
@@ -435,7 +475,7 @@ dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim
                 }
             }
             if (!moved2) {
-                dshim_error_set_raw(dshim_last_error());
+                dshim_error_set_raw(cause);
                 return fail_step(comm, sig, st);
             }
             idle_loops = 0;

@@ -28,13 +28,31 @@ struct dshim_xfer_op {
     int avg_div;           /* RECV_REDUCE: divide the result by comm size (AVG, final step) */
     dshim_xfer_op_t *dep;  /* may move only up to dep->done bytes (same offsets) */
     dshim_xfer_op_t *dep2;
+    const dshim_coll_sig_t *sig; /* per-op signature (point-to-point batches); NULL = the step's */
+    void *user;            /* owner's cookie (the request of a point-to-point op) */
     /* engine state */
     int phase;
     size_t done;
     size_t hoff;
     unsigned char hdr[48];
     dshim_xfer_op_t *prev; /* earlier op on the same peer and direction */
+    int reported;
 };
+
+/* Hooks for open-ended batches (point-to-point): `absorb` may append ops at
+ * ops[*n_p..cap) while the batch runs (called when nothing moves); `done` is
+ * called once per op as it completes. */
+typedef struct dshim_xfer_hooks {
+    int (*absorb)(dshim_comm_t *comm, dshim_xfer_op_t *ops, int *n_p, int cap, void *ctx);
+    void (*done)(dshim_comm_t *comm, dshim_xfer_op_t *op, void *ctx);
+    void *ctx;
+    int cap;
+} dshim_xfer_hooks_t;
+
+dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
+                             const dshim_xfer_hooks_t *hooks);
+/* Links ops[first..n) to earlier ops on the same peer and direction. */
+void dshim_xfer_link(dshim_xfer_op_t *ops, int first, int n);
 
 /* Runs ops[0..n) to completion.  The signature is checked against every
  * incoming header.  dtype/redop used for RECV_REDUCE come from sig. */

@@ -77,11 +77,6 @@ static dshim_status_t check_buffer(const char *call, const char *name, const voi
                            "space; pass a count in elements, not bytes", call, count,
                            dshim_dtype_name(dtype));
     }
-    if ((uintptr_t)buf % size != 0) {
-        return dshim_error(DSHIM_ERR_INVALID, "cpu %s: %s %p is not aligned to %zu bytes, the "
-                           "size of %s; pass element-aligned buffers", call, name, buf, size,
-                           dshim_dtype_name(dtype));
-    }
     *bytes_p = count * size;
     return DSHIM_OK;
 }
@@ -108,6 +103,49 @@ static int overlaps_partially(const void *x, const void *y, size_t bytes)
     return px != py && px < py + bytes && py < px + bytes;
 }
 
+static int misaligned(const void *p, dshim_dtype_t dtype)
+{
+    return (uintptr_t)p % dshim_dtype_size(dtype) != 0;
+}
+
+/*
+ * The kernels dereference typed pointers, which must be element-aligned.  A
+ * transport may hand over data at any byte offset (a ring holding an odd
+ * number of int8 bytes before it), so such operands go through aligned
+ * scratch, a few KiB at a time; aligned calls never come here.
+ */
+#define BOUNCE_BYTES 4096
+
+static void reduce_bounced(const dshim_reduce_kernels_t *k, void *dst, const void *a,
+                           const void *b, size_t count, dshim_dtype_t dtype, dshim_redop_t op)
+{
+    _Alignas(64) unsigned char ta[BOUNCE_BYTES];
+    _Alignas(64) unsigned char tb[BOUNCE_BYTES];
+    size_t size = dshim_dtype_size(dtype);
+    size_t per = BOUNCE_BYTES / size;
+    for (size_t i = 0; i < count; i += per) {
+        size_t m = count - i < per ? count - i : per;
+        memcpy(ta, (const char *)a + i * size, m * size);
+        memcpy(tb, (const char *)b + i * size, m * size);
+        k->reduce[dtype][op](ta, ta, tb, m);
+        memcpy((char *)dst + i * size, ta, m * size);
+    }
+}
+
+static void scale_bounced(const dshim_reduce_kernels_t *k, void *buf, size_t count,
+                          dshim_dtype_t dtype, int divisor)
+{
+    _Alignas(64) unsigned char t[BOUNCE_BYTES];
+    size_t size = dshim_dtype_size(dtype);
+    size_t per = BOUNCE_BYTES / size;
+    for (size_t i = 0; i < count; i += per) {
+        size_t m = count - i < per ? count - i : per;
+        memcpy(t, (char *)buf + i * size, m * size);
+        k->scale_div[dtype](t, m, divisor);
+        memcpy((char *)buf + i * size, t, m * size);
+    }
+}
+
 static dshim_status_t cpu_reduce(const dshim_reduce_kernels_t *k, void *dst, const void *a,
                                  const void *b, size_t count, dshim_dtype_t dtype,
                                  dshim_redop_t op, void *stream)
@@ -130,7 +168,11 @@ static dshim_status_t cpu_reduce(const dshim_reduce_kernels_t *k, void *dst, con
                            dst, a, b, bytes);
     }
     unsigned int env = fpenv_enter();
-    k->reduce[dtype][op](dst, a, b, count);
+    if (misaligned(dst, dtype) || misaligned(a, dtype) || misaligned(b, dtype)) {
+        reduce_bounced(k, dst, a, b, count, dtype, op);
+    } else {
+        k->reduce[dtype][op](dst, a, b, count);
+    }
     fpenv_leave(env);
     return DSHIM_OK;
 }
@@ -150,7 +192,11 @@ static dshim_status_t cpu_scale_div(const dshim_reduce_kernels_t *k, void *buf, 
     }
     DSHIM_CHECK(check_buffer("scale_div", "buf", buf, count, dtype, &bytes));
     unsigned int env = fpenv_enter();
-    k->scale_div[dtype](buf, count, divisor);
+    if (misaligned(buf, dtype)) {
+        scale_bounced(k, buf, count, dtype, divisor);
+    } else {
+        k->scale_div[dtype](buf, count, divisor);
+    }
     fpenv_leave(env);
     return DSHIM_OK;
 }

@@ -52,12 +52,16 @@ static inline float dshim_rk_u2f(uint32_t u)
  * cond ? a : b (cond is 0 or 1) as mask arithmetic.  A ternary would let the
  * compiler move the float operation feeding one arm into a branch, and with
  * -ftrapping-math it then refuses to vectorise a loop whose float operation
- * is conditional; masks keep every operation unconditional.
+ * is conditional; masks keep every operation unconditional.  The xor form
+ * (rather than (a & m) | (b & ~m)) uses b twice, which keeps AVX-512 code
+ * from folding b's computation, loads included, into a zero-masked
+ * instruction: zero-masked loads stream from DRAM at a third of the speed on
+ * the Zen 5 this was measured on.
  */
 static inline uint32_t dshim_rk_sel(uint32_t cond, uint32_t a, uint32_t b)
 {
     uint32_t m = 0u - cond;
-    return (a & m) | (b & ~m);
+    return b ^ ((b ^ a) & m);
 }
 
 /*

@@ -30,33 +30,21 @@
 #define RK_STR(x) RK_STR2(x)
 #define RK_TABLE RK_CAT(dshim_reduce_kernels_, DSHIM_RK_ISA)
 
-/* Elements of a narrow float type widened per block: the float32 scratch
- * (2 x 2 KiB) stays in L1 while the block is widened, combined, narrowed. */
-#define RK_BLOCK 512
-
 /* ---- element operations ------------------------------------------------ */
 
 /*
- * Float sum/prod.  x86 returns the first operand's NaN when both are NaN, but
+ * Float sum/prod.  With one NaN operand x86 returns that NaN, quietened,
+ * whatever the operand order; with two it returns the first operand's, and
  * the compiler may swap the operands of a commutative operation, differently
- * in differently vectorised copies of a loop.  Choosing the NaN explicitly
- * pins the result: a's NaN, else b's NaN (quietened), else a op b.  The choice
+ * in differently vectorised copies of a loop.  Returning a's NaN explicitly
+ * pins the result: a's NaN, else b's NaN, else a op b, all quiet.  The choice
  * is made with integer masks: a ternary would let the compiler move `a op b`
  * into a branch, and under -ftrapping-math a loop with a conditional float
  * operation is not vectorised.
  */
-static inline float rk_pick_nan_f32(float r, float a, float b)
+static inline float rk_pick_nan_f32(float r, float a)
 {
-    uint32_t ur = dshim_rk_f2u(r);
-    ur = dshim_rk_sel(b != b, dshim_rk_f2u(b) | 0x400000u, ur);
-    ur = dshim_rk_sel(a != a, dshim_rk_f2u(a) | 0x400000u, ur);
-    return dshim_rk_u2f(ur);
-}
-
-static inline uint64_t rk_sel64(uint64_t cond, uint64_t a, uint64_t b)
-{
-    uint64_t m = (uint64_t)0 - cond;
-    return (a & m) | (b & ~m);
+    return dshim_rk_u2f(dshim_rk_sel(a != a, dshim_rk_f2u(a) | 0x400000u, dshim_rk_f2u(r)));
 }
 
 static inline uint64_t rk_d2u(double d)
@@ -66,12 +54,11 @@ static inline uint64_t rk_d2u(double d)
     return u;
 }
 
-static inline double rk_pick_nan_f64(double r, double a, double b)
+static inline double rk_pick_nan_f64(double r, double a)
 {
-    const uint64_t quiet = (uint64_t)1 << 51;
+    uint64_t m = (uint64_t)0 - (uint64_t)(a != a);
     uint64_t ur = rk_d2u(r);
-    ur = rk_sel64(b != b, rk_d2u(b) | quiet, ur);
-    ur = rk_sel64(a != a, rk_d2u(a) | quiet, ur);
+    ur ^= (ur ^ (rk_d2u(a) | ((uint64_t)1 << 51))) & m; /* xor form: see dshim_rk_sel */
     memcpy(&r, &ur, sizeof(r));
     return r;
 }
@@ -79,11 +66,11 @@ static inline double rk_pick_nan_f64(double r, double a, double b)
 #define RK_FLOAT_ARITH(sfx, T)                                                 \
     static inline T rk_sum_##sfx(T a, T b)                                     \
     {                                                                          \
-        return rk_pick_nan_##sfx(a + b, a, b);                                 \
+        return rk_pick_nan_##sfx(a + b, a);                                 \
     }                                                                          \
     static inline T rk_prod_##sfx(T a, T b)                                    \
     {                                                                          \
-        return rk_pick_nan_##sfx(a * b, a, b);                                 \
+        return rk_pick_nan_##sfx(a * b, a);                                 \
     }                                                                          \
     /* NaN-propagating; b replaces a only when strictly better or when b is   \
      * the only NaN, so ties (+0 vs -0) and double NaNs keep a's bits. */     \
@@ -213,93 +200,10 @@ RK_BINARY(rk_e4m3_max, uint8_t, rk_max_e4m3)
 RK_BINARY(rk_e5m2_min, uint8_t, rk_min_e5m2)
 RK_BINARY(rk_e5m2_max, uint8_t, rk_max_e5m2)
 
-/* ---- widening and narrowing blocks --------------------------------------- */
+/* ---- narrow float types: widen, combine in float32, round once ---------- */
 
-/* out is always the float32 scratch, never the caller's memory: restrict holds. */
-#define RK_WIDEN_LOOP(fname, T, conv)                                          \
-    static void fname(float *restrict out, const T *restrict in, size_t n)     \
-    {                                                                          \
-        for (size_t i = 0; i < n; i++) {                                       \
-            out[i] = conv(in[i]);                                              \
-        }                                                                      \
-    }
-#define RK_NARROW_LOOP(fname, T, conv)                                         \
-    static void fname(T *restrict out, const float *restrict in, size_t n)     \
-    {                                                                          \
-        for (size_t i = 0; i < n; i++) {                                       \
-            out[i] = conv(in[i]);                                              \
-        }                                                                      \
-    }
-RK_WIDEN_LOOP(rk_widen_bf16, uint16_t, dshim_rk_bf16_to_float)
-RK_NARROW_LOOP(rk_narrow_bf16, uint16_t, dshim_rk_float_to_bf16)
-RK_WIDEN_LOOP(rk_widen_e4m3, uint8_t, dshim_rk_e4m3_to_float)
-RK_NARROW_LOOP(rk_narrow_e4m3, uint8_t, dshim_rk_float_to_e4m3)
-RK_WIDEN_LOOP(rk_widen_e5m2, uint8_t, dshim_rk_e5m2_to_float)
-RK_NARROW_LOOP(rk_narrow_e5m2, uint8_t, dshim_rk_float_to_e5m2)
-
-/* float16 uses the hardware converters where the ISA has them; the tail (and
- * the scalar build) uses the inline converters, which the unit test checks
- * against vcvtph2ps/vcvtps2ph bit for bit. */
-static void rk_widen_f16(float *restrict out, const uint16_t *restrict in, size_t n)
-{
-    size_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
-        __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(in + i));
-        _mm512_storeu_ps(out + i, _mm512_cvtph_ps(h));
-    }
-#elif defined(__F16C__)
-    for (; i + 8 <= n; i += 8) {
-        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(in + i));
-        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
-    }
-#endif
-    for (; i < n; i++) {
-        out[i] = dshim_rk_half_to_float(in[i]);
-    }
-}
-
-static void rk_narrow_f16(uint16_t *restrict out, const float *restrict in, size_t n)
-{
-    size_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
-        __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        _mm256_storeu_si256((__m256i *)(void *)(out + i), h);
-    }
-#elif defined(__F16C__)
-    for (; i + 8 <= n; i += 8) {
-        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        _mm_storeu_si128((__m128i *)(void *)(out + i), h);
-    }
-#endif
-    for (; i < n; i++) {
-        out[i] = dshim_rk_float_to_half(in[i]);
-    }
-}
-
-/* ---- narrow float types: widen a block, combine in float32, round once ---- */
-
-/* The whole block of a and b is read before dst is written, so dst == a or
- * dst == b is safe. */
-#define RK_WIDE(fname, T, widen, narrow, combine)                              \
-    static void fname(void *dst_, const void *a_, const void *b_, size_t n)    \
-    {                                                                          \
-        T *dst = dst_;                                                         \
-        const T *a = a_;                                                       \
-        const T *b = b_;                                                       \
-        float fa[RK_BLOCK] __attribute__((aligned(64)));                       \
-        float fb[RK_BLOCK] __attribute__((aligned(64)));                       \
-        for (size_t i = 0; i < n; i += RK_BLOCK) {                             \
-            size_t m = n - i < RK_BLOCK ? n - i : RK_BLOCK;                    \
-            widen(fa, a + i, m);                                               \
-            widen(fb, b + i, m);                                               \
-            combine(fa, fa, fb, m);                                            \
-            narrow(dst + i, fa, m);                                            \
-        }                                                                      \
-    }
-
-/* Fused: one pass, the conversions inlined into the element loop. */
+/* One pass per element; the conversions are inline integer code (plus exact
+ * or correctly rounded float32 steps) that the loop vectoriser handles. */
 #define RK_FUSED(fname, T, widen, narrow, elem)                                \
     static void fname(void *dst_, const void *a_, const void *b_, size_t n)    \
     {                                                                          \
@@ -311,23 +215,143 @@ static void rk_narrow_f16(uint16_t *restrict out, const float *restrict in, size
             dst[i] = narrow(elem(widen(a[i]), widen(b[i])));                   \
         }                                                                      \
     }
-RK_FUSED(rk_f16_sum_fused, uint16_t, dshim_rk_half_to_float, dshim_rk_float_to_half, rk_sum_f32)
-RK_FUSED(rk_bf16_sum_fused, uint16_t, dshim_rk_bf16_to_float, dshim_rk_float_to_bf16, rk_sum_f32)
-RK_FUSED(rk_e4m3_sum_fused, uint8_t, dshim_rk_e4m3_to_float, dshim_rk_float_to_e4m3, rk_sum_f32)
-
-RK_WIDE(rk_f16_sum, uint16_t, rk_widen_f16, rk_narrow_f16, rk_f32_sum)
-RK_WIDE(rk_f16_prod, uint16_t, rk_widen_f16, rk_narrow_f16, rk_f32_prod)
-RK_WIDE(rk_bf16_sum, uint16_t, rk_widen_bf16, rk_narrow_bf16, rk_f32_sum)
-RK_WIDE(rk_bf16_prod, uint16_t, rk_widen_bf16, rk_narrow_bf16, rk_f32_prod)
-RK_WIDE(rk_e4m3_sum, uint8_t, rk_widen_e4m3, rk_narrow_e4m3, rk_f32_sum)
-RK_WIDE(rk_e4m3_prod, uint8_t, rk_widen_e4m3, rk_narrow_e4m3, rk_f32_prod)
-RK_WIDE(rk_e5m2_sum, uint8_t, rk_widen_e5m2, rk_narrow_e5m2, rk_f32_sum)
-RK_WIDE(rk_e5m2_prod, uint8_t, rk_widen_e5m2, rk_narrow_e5m2, rk_f32_prod)
-
-/* ---- scale_div (AVG) ------------------------------------------------------ */
 
 /* True division by the divisor converted to the arithmetic type (float32 for
- * every narrow float type), correctly rounded, so it is width independent. */
+ * every narrow float type): correctly rounded, so width independent. */
+#define RK_FUSED_SCALE(fname, T, widen, narrow)                                \
+    static void fname(void *buf_, size_t n, int divisor)                       \
+    {                                                                          \
+        T *buf = buf_;                                                         \
+        const float d = (float)divisor;                                        \
+        for (size_t i = 0; i < n; i++) {                                       \
+            buf[i] = narrow(widen(buf[i]) / d);                                \
+        }                                                                      \
+    }
+
+/*
+ * bfloat16 results are rounded without the NaN test of dshim_rk_float_to_bf16:
+ * a NaN here came from bfloat16 operands (or is x86's default NaN), so its
+ * low 16 bits are zero, rounding cannot carry out of it, and its quiet bit
+ * is already set (by the hardware or by rk_pick_nan) -- the same bits the
+ * full conversion gives, for a quarter fewer instructions per element.
+ */
+static inline uint16_t rk_bf16_round(float f)
+{
+    uint32_t x = dshim_rk_f2u(f);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+RK_FUSED(rk_bf16_sum, uint16_t, dshim_rk_bf16_to_float, rk_bf16_round, rk_sum_f32)
+RK_FUSED(rk_bf16_prod, uint16_t, dshim_rk_bf16_to_float, rk_bf16_round, rk_prod_f32)
+RK_FUSED(rk_e4m3_sum, uint8_t, dshim_rk_e4m3_to_float, dshim_rk_float_to_e4m3, rk_sum_f32)
+RK_FUSED(rk_e4m3_prod, uint8_t, dshim_rk_e4m3_to_float, dshim_rk_float_to_e4m3, rk_prod_f32)
+RK_FUSED(rk_e5m2_sum, uint8_t, dshim_rk_e5m2_to_float, dshim_rk_float_to_e5m2, rk_sum_f32)
+RK_FUSED(rk_e5m2_prod, uint8_t, dshim_rk_e5m2_to_float, dshim_rk_float_to_e5m2, rk_prod_f32)
+RK_FUSED_SCALE(rk_bf16_scale, uint16_t, dshim_rk_bf16_to_float, rk_bf16_round)
+RK_FUSED_SCALE(rk_e4m3_scale, uint8_t, dshim_rk_e4m3_to_float, dshim_rk_float_to_e4m3)
+RK_FUSED_SCALE(rk_e5m2_scale, uint8_t, dshim_rk_e5m2_to_float, dshim_rk_float_to_e5m2)
+
+#if defined(__AVX512F__) || defined(__F16C__)
+/*
+ * float16 where the ISA converts in hardware (vcvtph2ps/vcvtps2ph, about four
+ * times cheaper than the integer code).  Each step converts one register of
+ * lanes into small float arrays that the compiler keeps in registers, so the
+ * element operation is still the plain C one.  The tail is padded to a full
+ * step so every element goes through the same instructions; the unit test
+ * checks the inline converters of the scalar build against them bit for bit.
+ */
+#if defined(__AVX512F__)
+#define RK_F16_LANES 16
+#else
+#define RK_F16_LANES 8
+#endif
+
+static inline void rk_f16_load(float *out, const uint16_t *in)
+{
+#if defined(__AVX512F__)
+    _mm512_storeu_ps(out, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)in)));
+#else
+    _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)in)));
+#endif
+}
+
+/* rounding from the immediate (nearest even), not from MXCSR */
+static inline void rk_f16_store(uint16_t *out, const float *in)
+{
+#if defined(__AVX512F__)
+    __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(in), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256((__m256i *)(void *)out, h);
+#else
+    __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128((__m128i *)(void *)out, h);
+#endif
+}
+
+#define RK_F16_HW(fname, elem)                                                 \
+    static inline void fname##_step(uint16_t *r, const uint16_t *a, const uint16_t *b) \
+    {                                                                          \
+        float fa[RK_F16_LANES], fb[RK_F16_LANES], fr[RK_F16_LANES];            \
+        rk_f16_load(fa, a);                                                    \
+        rk_f16_load(fb, b);                                                    \
+        for (int j = 0; j < RK_F16_LANES; j++) {                               \
+            fr[j] = elem(fa[j], fb[j]);                                        \
+        }                                                                      \
+        rk_f16_store(r, fr);                                                   \
+    }                                                                          \
+    static void fname(void *dst_, const void *a_, const void *b_, size_t n)    \
+    {                                                                          \
+        uint16_t *dst = dst_;                                                  \
+        const uint16_t *a = a_;                                                \
+        const uint16_t *b = b_;                                                \
+        size_t i = 0;                                                          \
+        for (; i + RK_F16_LANES <= n; i += RK_F16_LANES) {                     \
+            fname##_step(dst + i, a + i, b + i);                               \
+        }                                                                      \
+        if (i < n) {                                                           \
+            uint16_t ta[RK_F16_LANES] = {0}, tb[RK_F16_LANES] = {0}, tr[RK_F16_LANES]; \
+            memcpy(ta, a + i, (n - i) * sizeof(uint16_t));                     \
+            memcpy(tb, b + i, (n - i) * sizeof(uint16_t));                     \
+            fname##_step(tr, ta, tb);                                          \
+            memcpy(dst + i, tr, (n - i) * sizeof(uint16_t));                   \
+        }                                                                      \
+    }
+
+RK_F16_HW(rk_f16_sum, rk_sum_f32)
+RK_F16_HW(rk_f16_prod, rk_prod_f32)
+
+static inline void rk_f16_scale_step(uint16_t *buf, float d)
+{
+    float f[RK_F16_LANES];
+    rk_f16_load(f, buf);
+    for (int j = 0; j < RK_F16_LANES; j++) {
+        f[j] = f[j] / d;
+    }
+    rk_f16_store(buf, f);
+}
+
+static void rk_f16_scale(void *buf_, size_t n, int divisor)
+{
+    uint16_t *buf = buf_;
+    const float d = (float)divisor;
+    size_t i = 0;
+    for (; i + RK_F16_LANES <= n; i += RK_F16_LANES) {
+        rk_f16_scale_step(buf + i, d);
+    }
+    if (i < n) {
+        uint16_t t[RK_F16_LANES] = {0};
+        memcpy(t, buf + i, (n - i) * sizeof(uint16_t));
+        rk_f16_scale_step(t, d);
+        memcpy(buf + i, t, (n - i) * sizeof(uint16_t));
+    }
+}
+#else
+RK_FUSED(rk_f16_sum, uint16_t, dshim_rk_half_to_float, dshim_rk_float_to_half, rk_sum_f32)
+RK_FUSED(rk_f16_prod, uint16_t, dshim_rk_half_to_float, dshim_rk_float_to_half, rk_prod_f32)
+RK_FUSED_SCALE(rk_f16_scale, uint16_t, dshim_rk_half_to_float, dshim_rk_float_to_half)
+#endif
+
+/* ---- scale_div (AVG) of the wide types --------------------------------- */
+
 static void rk_f32_scale(void *buf_, size_t n, int divisor)
 {
     float *buf = buf_;
@@ -345,23 +369,6 @@ static void rk_f64_scale(void *buf_, size_t n, int divisor)
         buf[i] = buf[i] / d;
     }
 }
-
-#define RK_WIDE_SCALE(fname, T, widen, narrow)                                 \
-    static void fname(void *buf_, size_t n, int divisor)                       \
-    {                                                                          \
-        T *buf = buf_;                                                         \
-        float f[RK_BLOCK] __attribute__((aligned(64)));                        \
-        for (size_t i = 0; i < n; i += RK_BLOCK) {                             \
-            size_t m = n - i < RK_BLOCK ? n - i : RK_BLOCK;                    \
-            widen(f, buf + i, m);                                              \
-            rk_f32_scale(f, m, divisor);                                       \
-            narrow(buf + i, f, m);                                             \
-        }                                                                      \
-    }
-RK_WIDE_SCALE(rk_f16_scale, uint16_t, rk_widen_f16, rk_narrow_f16)
-RK_WIDE_SCALE(rk_bf16_scale, uint16_t, rk_widen_bf16, rk_narrow_bf16)
-RK_WIDE_SCALE(rk_e4m3_scale, uint8_t, rk_widen_e4m3, rk_narrow_e4m3)
-RK_WIDE_SCALE(rk_e5m2_scale, uint8_t, rk_widen_e5m2, rk_narrow_e5m2)
 
 /* Integers: C division truncates toward zero; divisor >= 1 rules out the
  * INT_MIN / -1 overflow.  DT is the type the division happens in. */
@@ -399,11 +406,11 @@ const dshim_reduce_kernels_t RK_TABLE = {
         [DSHIM_UINT32] = RK_ROW(rk_u32_sum, rk_u32_prod, rk_u32_min, rk_u32_max),
         [DSHIM_INT64] = RK_ROW(rk_u64_sum, rk_u64_prod, rk_i64_min, rk_i64_max),
         [DSHIM_UINT64] = RK_ROW(rk_u64_sum, rk_u64_prod, rk_u64_min, rk_u64_max),
-        [DSHIM_FLOAT16] = RK_ROW(rk_f16_sum_fused, rk_f16_prod, rk_f16_min, rk_f16_max),
-        [DSHIM_BFLOAT16] = RK_ROW(rk_bf16_sum_fused, rk_bf16_prod, rk_bf16_min, rk_bf16_max),
+        [DSHIM_FLOAT16] = RK_ROW(rk_f16_sum, rk_f16_prod, rk_f16_min, rk_f16_max),
+        [DSHIM_BFLOAT16] = RK_ROW(rk_bf16_sum, rk_bf16_prod, rk_bf16_min, rk_bf16_max),
         [DSHIM_FLOAT32] = RK_ROW(rk_f32_sum, rk_f32_prod, rk_f32_min, rk_f32_max),
         [DSHIM_FLOAT64] = RK_ROW(rk_f64_sum, rk_f64_prod, rk_f64_min, rk_f64_max),
-        [DSHIM_FLOAT8_E4M3] = RK_ROW(rk_e4m3_sum_fused, rk_e4m3_prod, rk_e4m3_min, rk_e4m3_max),
+        [DSHIM_FLOAT8_E4M3] = RK_ROW(rk_e4m3_sum, rk_e4m3_prod, rk_e4m3_min, rk_e4m3_max),
         [DSHIM_FLOAT8_E5M2] = RK_ROW(rk_e5m2_sum, rk_e5m2_prod, rk_e5m2_min, rk_e5m2_max),
     },
     .scale_div = {

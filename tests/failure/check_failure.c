@@ -1,0 +1,514 @@
+/*
+ * Failure behaviour, end to end with real processes: a rank that dies, a rank
+ * that never arrives, mismatched collectives, garbage and wrong tokens on the
+ * store and data ports, a port in use, bad environment values, abort.  Every
+ * case must end with a one-line error naming what went wrong, quickly, and
+ * never hang (the harness bounds each run and kills leftovers by PID).
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap.h"
+#include "comm.h"
+#include "config.h"
+#include "dshim.h"
+#include "ranks.h"
+#include "store.h"
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static const char *transport_env_shm[] = {"DSHIM_TRANSPORT=shm", "DSHIM_TIMEOUT=60", NULL};
+static const char *transport_env_tcp[] = {"DSHIM_TRANSPORT=tcp", "DSHIM_TIMEOUT=60", NULL};
+
+static void dump(const test_rank_result_t *res, int n)
+{
+    for (int r = 0; r < n; r++) {
+        fprintf(stderr, "--- rank %d: %s %d after %.1f s\n%s", r, res[r].exited ? "exit" : "signal", res[r].code,
+                res[r].seconds, res[r].err);
+    }
+}
+
+/* ---- a rank killed in the middle of an allreduce ---------------------- */
+
+static int body_killed(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    size_t n = 1 << 20;
+    float *buf = calloc(n, sizeof(float));
+    for (int it = 0;; it++) {
+        if (rank == size - 1 && it == 5) {
+            dshim_request_t *req;
+            dshim_iallreduce(comm, buf, buf, n, DSHIM_FLOAT32, DSHIM_SUM, &req);
+            sleep_s(0.001);
+            kill(getpid(), SIGKILL);
+        }
+        if (dshim_allreduce(comm, buf, buf, n, DSHIM_FLOAT32, DSHIM_SUM) != DSHIM_OK) {
+            fprintf(stderr, "ERROR: %s\n", dshim_last_error());
+            return 3;
+        }
+    }
+}
+
+static void run_killed(const char *const *env)
+{
+    test_rank_result_t res[3];
+    int rc = test_run_ranks(3, body_killed, NULL, env, 30.0, res);
+    if (rc != 0 || res[2].exited || res[2].code != SIGKILL) {
+        dump(res, 3);
+    }
+    ck_assert_int_eq(rc, 0);
+    ck_assert(!res[2].exited && res[2].code == SIGKILL);
+    for (int r = 0; r < 2; r++) {
+        if (!(res[r].exited && res[r].code == 3 && strstr(res[r].err, "rank 2"))) {
+            dump(res, 3);
+        }
+        ck_assert(res[r].exited && res[r].code == 3);
+        ck_assert_msg(strstr(res[r].err, "ERROR: ") && strstr(res[r].err, "rank 2"), "error must name rank 2");
+        /* detection within seconds of the death (the kill happens < 5 s in) */
+        ck_assert_msg(res[r].seconds - res[2].seconds < 10.0, "rank %d took %.1f s after the death", r,
+                      res[r].seconds - res[2].seconds);
+    }
+}
+
+START_TEST(test_rank_killed_shm)
+{
+    run_killed(transport_env_shm);
+}
+END_TEST
+
+START_TEST(test_rank_killed_tcp)
+{
+    run_killed(transport_env_tcp);
+}
+END_TEST
+
+/* ---- mismatched collectives --------------------------------------------- */
+
+static int body_mismatch(int rank, int size, int port, void *arg)
+{
+    int kind = *(int *)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    float buf[4096] = {0};
+    dshim_status_t st;
+    if (kind == 0) {
+        st = dshim_allreduce(comm, buf, buf, rank == 0 ? 1000 : 2000, DSHIM_FLOAT32, DSHIM_SUM);
+    } else if (kind == 1) {
+        st = rank == 0 ? dshim_allreduce(comm, buf, buf, 100, DSHIM_FLOAT32, DSHIM_SUM)
+                       : dshim_broadcast(comm, buf, 100, DSHIM_FLOAT32, 0);
+    } else {
+        st = dshim_allreduce(comm, buf, buf, 100, rank == 0 ? DSHIM_FLOAT32 : DSHIM_INT32, DSHIM_SUM);
+    }
+    if (st != DSHIM_OK) {
+        fprintf(stderr, "ERROR(%d): %s\n", (int)st, dshim_last_error());
+        return 3;
+    }
+    return 0;
+}
+
+static void run_mismatch(int kind, const char *must1, const char *must2)
+{
+    test_rank_result_t res[2];
+    int rc = test_run_ranks(2, body_mismatch, &kind, transport_env_shm, 30.0, res);
+    ck_assert_int_eq(rc, 0);
+    int named = 0;
+    for (int r = 0; r < 2; r++) {
+        if (!(res[r].exited && res[r].code == 3)) {
+            dump(res, 2);
+        }
+        ck_assert(res[r].exited && res[r].code == 3);
+        ck_assert(res[r].seconds < 15.0);
+        named |= strstr(res[r].err, must1) && strstr(res[r].err, must2) && strstr(res[r].err, "mismatched");
+    }
+    if (!named) {
+        dump(res, 2);
+    }
+    ck_assert_msg(named, "one rank's error must name both calls (%s, %s)", must1, must2);
+}
+
+START_TEST(test_mismatched_count)
+{
+    run_mismatch(0, "1000 x float32", "2000 x float32");
+}
+END_TEST
+
+START_TEST(test_mismatched_kind)
+{
+    run_mismatch(1, "allreduce", "broadcast");
+}
+END_TEST
+
+START_TEST(test_mismatched_dtype)
+{
+    run_mismatch(2, "float32", "int32");
+}
+END_TEST
+
+/* ---- a rank that does not arrive --------------------------------------- */
+
+static int body_late(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    int v = 1;
+    if (rank == 2) {
+        sleep_s(6.0);
+    }
+    if (dshim_allreduce(comm, &v, &v, 1, DSHIM_INT32, DSHIM_SUM) != DSHIM_OK) {
+        fprintf(stderr, "ERROR: %s\n", dshim_last_error());
+        return 3;
+    }
+    return 0;
+}
+
+START_TEST(test_timeout_names_missing_rank)
+{
+    const char *env[] = {"DSHIM_TIMEOUT=2", NULL};
+    test_rank_result_t res[3];
+    int rc = test_run_ranks(3, body_late, NULL, env, 30.0, res);
+    ck_assert_int_eq(rc, 0);
+    int named = 0;
+    for (int r = 0; r < 2; r++) {
+        ck_assert(res[r].exited && res[r].code == 3);
+        named |= strstr(res[r].err, "did not arrive at this collective: 2") != NULL;
+    }
+    if (!named) {
+        dump(res, 3);
+    }
+    ck_assert_msg(named, "the timeout error must name rank 2 as missing");
+    /* rank 2 may even succeed: rank 1 may have handed it every byte it
+     * needed before giving up.  It must not hang or crash. */
+    ck_assert(res[2].exited && (res[2].code == 3 || res[2].code == 0));
+}
+END_TEST
+
+/* ---- abort from one rank ------------------------------------------------ */
+
+static int body_abort(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    int v = 1;
+    if (rank == 0) {
+        dshim_comm_abort(comm, "test abort");
+        return 0;
+    }
+    if (dshim_allreduce(comm, &v, &v, 1, DSHIM_INT32, DSHIM_SUM) != DSHIM_OK) {
+        fprintf(stderr, "ERROR: %s\n", dshim_last_error());
+        return 3;
+    }
+    return 0;
+}
+
+START_TEST(test_abort_reaches_peers)
+{
+    test_rank_result_t res[2];
+    int rc = test_run_ranks(2, body_abort, NULL, transport_env_tcp, 30.0, res);
+    ck_assert_int_eq(rc, 0);
+    if (!(res[1].exited && res[1].code == 3 && res[1].seconds < 10)) {
+        dump(res, 2);
+    }
+    ck_assert(res[1].exited && res[1].code == 3 && res[1].seconds < 10);
+    ck_assert(strstr(res[1].err, "rank 0"));
+}
+END_TEST
+
+/* ---- a peer that sends garbage on the data connection ------------------- */
+
+static int body_garbage_peer(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    if (rank == 1) {
+        /* write 64 bytes that are not a dshim message straight into the socket */
+        char junk[64];
+        memset(junk, 0x5A, sizeof(junk));
+        ssize_t w = write(comm->conns[0]->fd, junk, sizeof(junk));
+        (void)w;
+        sleep_s(1.0);
+        return 0;
+    }
+    int v = 1;
+    if (dshim_allreduce(comm, &v, &v, 1, DSHIM_INT32, DSHIM_SUM) != DSHIM_OK) {
+        fprintf(stderr, "ERROR: %s\n", dshim_last_error());
+        return 3;
+    }
+    return 0;
+}
+
+START_TEST(test_garbage_from_peer)
+{
+    test_rank_result_t res[2];
+    int rc = test_run_ranks(2, body_garbage_peer, NULL, transport_env_tcp, 30.0, res);
+    ck_assert_int_eq(rc, 0);
+    if (!(res[0].exited && res[0].code == 3 && strstr(res[0].err, "not a dshim message"))) {
+        dump(res, 2);
+    }
+    ck_assert(res[0].exited && res[0].code == 3);
+    ck_assert(strstr(res[0].err, "not a dshim message") && strstr(res[0].err, "rank 1"));
+}
+END_TEST
+
+/* ---- strangers on the store and data ports ------------------------------ */
+
+typedef struct attack {
+    int port;
+    int data_port_too;
+} attack_t;
+
+static int raw_connect(uint32_t ip_be, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = ip_be};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return -1;
+    }
+    return fd;
+}
+
+static void *attacker(void *arg)
+{
+    attack_t *a = arg;
+    sleep_s(0.5);
+    uint32_t lo = htonl(INADDR_LOOPBACK);
+    /* random bytes on the store port */
+    int fd = raw_connect(lo, a->port);
+    if (fd >= 0) {
+        unsigned char junk[256];
+        for (size_t i = 0; i < sizeof(junk); i++) {
+            junk[i] = (unsigned char)(rand() & 0xff);
+        }
+        ssize_t w = write(fd, junk, sizeof(junk));
+        (void)w;
+        sleep_s(0.2);
+        close(fd);
+    }
+    /* a well-formed client with the wrong token */
+    dshim_store_t *bad = NULL;
+    if (dshim_store_connect("127.0.0.1", a->port, "wrong-token", 2.0, &bad) == DSHIM_OK) {
+        dshim_store_set(bad, "c0/peer/1", "evil", 4);
+        dshim_store_close(bad);
+    }
+    if (a->data_port_too) {
+        /* read rank 0's data address with the right token, then knock */
+        dshim_store_t *s = NULL;
+        void *val = NULL;
+        size_t len = 0;
+        if (dshim_store_connect("127.0.0.1", a->port, "test-token", 5.0, &s) == DSHIM_OK &&
+            dshim_store_get(s, "c0/peer/0", 5.0, &val, &len) == DSHIM_OK && len == sizeof(dshim_peer_info_t)) {
+            dshim_peer_info_t info;
+            memcpy(&info, val, sizeof(info));
+            int g = raw_connect(info.ip, info.port);
+            if (g >= 0) {
+                ssize_t w = write(g, "GET / HTTP/1.0\r\n\r\n" "0123456789abcdef0123456789abcdef", 50);
+                (void)w;
+                sleep_s(0.2);
+                close(g);
+            }
+            g = raw_connect(info.ip, info.port);
+            if (g >= 0) {
+                /* right shape, wrong token hash */
+                uint32_t hello[6] = {0x43485344u, 1, 0xdeadbeef, 0xdeadbeef, 1, 2};
+                ssize_t w = write(g, hello, sizeof(hello));
+                (void)w;
+                sleep_s(0.2);
+                close(g);
+            }
+        }
+        free(val);
+        if (s) {
+            dshim_store_close(s);
+        }
+    }
+    return NULL;
+}
+
+static int body_late_rank1(int rank, int size, int port, void *arg)
+{
+    attack_t *a = arg;
+    (void)port;
+    if (rank == 1) {
+        sleep_s(2.0);
+    }
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, a->port, &comm)) {
+        return 2;
+    }
+    float buf[1000];
+    for (int i = 0; i < 1000; i++) {
+        buf[i] = (float)rank;
+    }
+    if (dshim_allreduce(comm, buf, buf, 1000, DSHIM_FLOAT32, DSHIM_SUM) != DSHIM_OK || buf[999] != 1.0f) {
+        fprintf(stderr, "ERROR: %s\n", dshim_last_error());
+        return 3;
+    }
+    dshim_comm_destroy(comm);
+    return 0;
+}
+
+static void run_attack(int data_port_too)
+{
+    attack_t a = {.port = test_free_port(), .data_port_too = data_port_too};
+    pthread_t th;
+    pthread_create(&th, NULL, attacker, &a);
+    test_rank_result_t res[2];
+    int rc = test_run_ranks(2, body_late_rank1, &a, NULL, 30.0, res);
+    pthread_join(th, NULL);
+    if (rc != 0 || res[0].code != 0 || res[1].code != 0 || !strstr(res[0].err, "rejected connection")) {
+        dump(res, 2);
+    }
+    ck_assert_int_eq(rc, 0);
+    ck_assert(res[0].exited && res[0].code == 0 && res[1].exited && res[1].code == 0);
+    ck_assert(strstr(res[0].err, "rejected connection"));
+    if (data_port_too) {
+        ck_assert_msg(strstr(res[0].err, "wrong job token") && strstr(res[0].err, "not a dshim hello"),
+                      "both data-port strangers must be rejected with a log line");
+    }
+}
+
+START_TEST(test_store_port_strangers)
+{
+    run_attack(0);
+}
+END_TEST
+
+START_TEST(test_data_port_strangers)
+{
+    run_attack(1);
+}
+END_TEST
+
+/* ---- port in use, bad environment --------------------------------------- */
+
+START_TEST(test_store_port_in_use)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    socklen_t len = sizeof(sa);
+    ck_assert(bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(fd, 1) == 0);
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    dshim_comm_args_t a = {.rank = 0, .size = 2, .store_addr = "127.0.0.1", .store_port = ntohs(sa.sin_port),
+                           .token = "t"};
+    dshim_comm_t *comm = NULL;
+    dshim_status_t st = dshim_comm_init(&a, &comm);
+    ck_assert_int_eq(st, DSHIM_ERR_SYSTEM);
+    ck_assert_msg(strstr(dshim_last_error(), "in use") && strstr(dshim_last_error(), "MASTER_PORT"), "got: %s",
+                  dshim_last_error());
+    close(fd);
+}
+END_TEST
+
+static void expect_env_error(const char *const *env, const char *must)
+{
+    for (int i = 0; env[i]; i++) {
+        putenv((char *)env[i]);
+    }
+    dshim_comm_t *comm = NULL;
+    dshim_status_t st = dshim_comm_init_env(&comm);
+    ck_assert_msg(st == DSHIM_ERR_INVALID, "status %d, message: %s", st, dshim_last_error());
+    ck_assert_msg(strstr(dshim_last_error(), must), "'%s' not in: %s", must, dshim_last_error());
+}
+
+START_TEST(test_bad_timeout_value)
+{
+    const char *env[] = {"RANK=0", "WORLD_SIZE=1", "DSHIM_TIMEOUT=abc", NULL};
+    expect_env_error(env, "DSHIM_TIMEOUT");
+}
+END_TEST
+
+START_TEST(test_rank_not_below_size)
+{
+    const char *env[] = {"RANK=5", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", NULL};
+    expect_env_error(env, "not below the world size");
+}
+END_TEST
+
+START_TEST(test_missing_rank)
+{
+    const char *env[] = {"DSHIM_TIMEOUT=5", NULL};
+    unsetenv("RANK");
+    unsetenv("WORLD_SIZE");
+    expect_env_error(env, "set RANK and WORLD_SIZE");
+}
+END_TEST
+
+START_TEST(test_bad_port)
+{
+    const char *env[] = {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=99999", NULL};
+    expect_env_error(env, "not a TCP port");
+}
+END_TEST
+
+START_TEST(test_bad_transport)
+{
+    const char *env[] = {"RANK=0", "WORLD_SIZE=1", "DSHIM_TRANSPORT=carrier-pigeon", NULL};
+    expect_env_error(env, "DSHIM_TRANSPORT");
+}
+END_TEST
+
+static Suite *failure_suite(void)
+{
+    Suite *s = suite_create("failure");
+    TCase *tc = tcase_create("peers");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_rank_killed_shm);
+    tcase_add_test(tc, test_rank_killed_tcp);
+    tcase_add_test(tc, test_mismatched_count);
+    tcase_add_test(tc, test_mismatched_kind);
+    tcase_add_test(tc, test_mismatched_dtype);
+    tcase_add_test(tc, test_timeout_names_missing_rank);
+    tcase_add_test(tc, test_abort_reaches_peers);
+    tcase_add_test(tc, test_garbage_from_peer);
+    tcase_add_test(tc, test_store_port_strangers);
+    tcase_add_test(tc, test_data_port_strangers);
+    suite_add_tcase(s, tc);
+    TCase *env = tcase_create("configuration");
+    tcase_add_test(env, test_store_port_in_use);
+    tcase_add_test(env, test_bad_timeout_value);
+    tcase_add_test(env, test_rank_not_below_size);
+    tcase_add_test(env, test_missing_rank);
+    tcase_add_test(env, test_bad_port);
+    tcase_add_test(env, test_bad_transport);
+    suite_add_tcase(s, env);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(failure_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
