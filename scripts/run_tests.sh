@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Every test dshim has: the normal build (all ctest labels), an ASan+UBSan
+# build, a TSan build, and valgrind over the unit tests and a small
+# conformance run.  Each stage prints its runner's summary.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+JOBS=${JOBS:-2}
+failed=()
+
+stage() { echo; echo "=================== $* ==================="; }
+
+build_variant() {  # dir, sanitizer
+    cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSHIM_SANITIZE="$2" >/dev/null &&
+        make --no-print-directory -C "$1" -j"$JOBS" >/dev/null
+}
+
+stage "normal build: unit, preload, conformance, failure, gpu"
+# gpu tests skip themselves (exit code 77) on machines without a GPU
+(cd "$BUILD" && ctest --output-on-failure -j"$JOBS" --timeout 1500) || failed+=("normal")
+
+stage "ASan+UBSan build"
+if build_variant build-asan address; then
+    (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        ctest --output-on-failure -j"$JOBS" -E 'np4|np8' --timeout 1500) || failed+=("asan")
+else
+    echo "ASan build failed"; failed+=("asan-build")
+fi
+
+stage "TSan build (threaded core)"
+if build_variant build-tsan thread; then
+    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+        ctest --output-on-failure -j"$JOBS" -L 'unit|conformance' -E 'np3|np4|np8|failure' --timeout 1500) ||
+        failed+=("tsan")
+else
+    echo "TSan build failed"; failed+=("tsan-build")
+fi
+
+stage "valgrind: unit tests and a 2-rank conformance run"
+vg_fail=0
+vg_pass=0
+for t in "$BUILD"/bin/check_*; do
+    case $(basename "$t") in check_failure|check_crash) continue ;; esac
+    if CK_FORK=no valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
+            "$t" >/tmp/dshim-vg.log 2>&1; then
+        vg_pass=$((vg_pass + 1))
+    else
+        echo "valgrind: $(basename "$t") failed:"; tail -30 /tmp/dshim-vg.log; vg_fail=$((vg_fail + 1))
+    fi
+done
+if DSHIM_TRANSPORT=shm valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
+        "$BUILD"/bin/conformance 2 >/tmp/dshim-vg.log 2>&1; then
+    vg_pass=$((vg_pass + 1))
+else
+    echo "valgrind: conformance 2 failed:"; tail -30 /tmp/dshim-vg.log; vg_fail=$((vg_fail + 1))
+fi
+echo "valgrind: $vg_pass passed, $vg_fail failed"
+[ $vg_fail = 0 ] || failed+=("valgrind")
+
+echo
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "make test: FAILED stages: ${failed[*]}"
+    exit 1
+fi
+echo "make test: all stages passed"
