@@ -4,7 +4,7 @@ BUILD      ?= build
 JOBS       ?= 2
 CMAKE_ARGS ?=
 
-.PHONY: all setup build test test-fast test-sanitizers demo bench clean
+.PHONY: all setup build test test-fast demo bench env-doc clean
 
 all: build
 
@@ -28,6 +28,9 @@ demo: setup build
 bench: setup build
 	@.venv/bin/python bench/run_bench.py --build $(BUILD) --venv .venv --np 2,4 \
 	    --sizes 4K,64K,1M,16M,64M --reps 3 --out docs/benchmarks.md
+
+env-doc: build
+	@$(BUILD)/bin/gen-env-doc > docs/env-vars.md
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan

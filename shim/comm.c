@@ -130,6 +130,12 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim
         goto err_store;
     }
     dshim_engine_init(*comm_p);
+    st = dshim_topo_setup(*comm_p);
+    if (st != DSHIM_OK) {
+        dshim_comm_destroy(*comm_p);
+        *comm_p = NULL;
+        return st;
+    }
     if (ref->server) {
         static pthread_once_t once = PTHREAD_ONCE_INIT;
         pthread_once(&once, register_linger);
@@ -165,6 +171,7 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init_env(dshim_comm_t **comm_p)
 
 static void comm_free(dshim_comm_t *comm)
 {
+    dshim_topo_destroy(comm);
     for (int r = 0; r < comm->size; r++) {
         if (comm->conns[r]) {
             comm->conns[r]->ops->destroy(comm->conns[r]);
@@ -388,5 +395,10 @@ DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int 
         return st;
     }
     dshim_engine_init(*newcomm_p);
-    return DSHIM_OK;
+    st = dshim_topo_setup(*newcomm_p);
+    if (st != DSHIM_OK) {
+        dshim_comm_destroy(*newcomm_p);
+        *newcomm_p = NULL;
+    }
+    return st;
 }

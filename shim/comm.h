@@ -107,6 +107,12 @@ struct dshim_comm {
     size_t scratch_len;
 
     dshim_stats_t stats;
+
+    /* hierarchy (only when ranks span several hosts and some host has
+     * several): the ranks of my host, and the first rank of every host */
+    struct dshim_comm *local;      /* NULL when there is no hierarchy */
+    struct dshim_comm *leaders;    /* non-NULL on the first rank of each host */
+    int nhosts;
 };
 
 enum { DSHIM_ALGO_AUTO = 0, DSHIM_ALGO_RING, DSHIM_ALGO_RD, DSHIM_ALGO_HIER };
@@ -115,6 +121,9 @@ enum { DSHIM_ALGO_AUTO = 0, DSHIM_ALGO_RING, DSHIM_ALGO_RD, DSHIM_ALGO_HIER };
 dshim_status_t dshim_comm_scratch(dshim_comm_t *comm, size_t len, void **ptr_p);
 /* Records the first error, tells peers (store + closing connections). */
 dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg);
+/* Builds comm->local / comm->leaders when ranks span hosts (shim/topo.c). */
+dshim_status_t dshim_topo_setup(dshim_comm_t *comm);
+void dshim_topo_destroy(dshim_comm_t *comm);
 /* "rank 3 (host h, pid p)" */
 void dshim_comm_describe_peer(const dshim_comm_t *comm, int peer, char *out, size_t len);
 

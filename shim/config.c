@@ -235,7 +235,11 @@ void dshim_config_print(FILE *out, int markdown)
         fprintf(out, "| variable | default | meaning |\n|---|---|---|\n");
         for (size_t i = 0; i < NROWS; i++) {
             if (!rows[i].foreign) {
-                fprintf(out, "| `%s` | `%s` | %s |\n", rows[i].env, rows[i].def, rows[i].help);
+                if (rows[i].def[0]) {
+                    fprintf(out, "| `%s` | `%s` | %s |\n", rows[i].env, rows[i].def, rows[i].help);
+                } else {
+                    fprintf(out, "| `%s` | *(empty)* | %s |\n", rows[i].env, rows[i].help);
+                }
             }
         }
         fprintf(out, "\nVariables of other frameworks that dshim honours:\n\n");

@@ -14,12 +14,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "dshim.h"
 #include "ranks.h"
 #include "reduce/reduce.h"
 
 #define CHUNK 4096      /* DSHIM_CHUNK_SIZE set for the ranks */
 #define SMALL 2048      /* DSHIM_SMALL_MSG_SIZE set for the ranks */
+
+typedef struct options {
+    int big;
+    int hosts; /* > 0: pretend the ranks live on this many hosts (rank % hosts) */
+} options_t;
 
 typedef struct suite {
     int big;
@@ -343,7 +349,14 @@ static void test_split_and_barrier(suite_t *s)
 static int body(int rank, int size, int port, void *arg)
 {
     suite_t s = {0};
-    s.big = *(int *)arg;
+    const options_t *opt = arg;
+    s.big = opt->big;
+    if (opt->hosts > 0) {
+        char host[64];
+        snprintf(host, sizeof(host), "DSHIM_HOST_ID=fake-host-%d", rank % opt->hosts);
+        putenv(strdup(host));
+        dshim_config_reload();
+    }
     s.rank = rank;
     s.size = size;
     s.ref = dshim_reduce_cpu_ops("scalar");
@@ -392,11 +405,21 @@ static int body(int rank, int size, int port, void *arg)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: conformance NPROCS [--big]\n");
+        fprintf(stderr, "usage: conformance NPROCS [--big] [--hosts K]\n");
         return 2;
     }
     int n = atoi(argv[1]);
-    int big = argc > 2 && !strcmp(argv[2], "--big");
+    options_t opt = {0, 0};
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--big")) {
+            opt.big = 1;
+        } else if (!strcmp(argv[i], "--hosts") && i + 1 < argc) {
+            opt.hosts = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "conformance: unknown argument %s\n", argv[i]);
+            return 2;
+        }
+    }
     if (n < 1 || n > TEST_MAX_RANKS) {
         fprintf(stderr, "conformance: NPROCS must be 1..%d\n", TEST_MAX_RANKS);
         return 2;
@@ -406,7 +429,7 @@ int main(int argc, char **argv)
     snprintf(small, sizeof(small), "DSHIM_SMALL_MSG_SIZE=%d", SMALL);
     const char *env[] = {chunk, small, "DSHIM_SHM_RING_SIZE=65536", NULL};
     test_rank_result_t *res = calloc((size_t)n, sizeof(*res));
-    int rc = test_run_ranks(n, body, &big, env, 1200.0, res);
+    int rc = test_run_ranks(n, body, &opt, env, 1200.0, res);
     int failed = rc != 0;
     for (int r = 0; r < n; r++) {
         if (res[r].err[0]) {

@@ -1,0 +1,103 @@
+/*
+ * Topology: which ranks share a host.  When a job spans several hosts and
+ * some host runs several ranks, each rank also joins two private
+ * sub-communicators, built without any extra collective because every rank
+ * already knows every peer's host id:
+ *   local   - the ranks of its host (shared memory)
+ *   leaders - the first rank of every host (TCP), on those ranks only
+ * Hierarchical allreduce reduces inside each host, allreduces across hosts
+ * between leaders, then broadcasts inside each host: every byte crosses the
+ * network once per host instead of once per rank.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bootstrap.h"
+#include "comm.h"
+#include "engine.h"
+#include "status.h"
+
+static dshim_status_t sub_bootstrap(dshim_comm_t *comm, const char *suffix, int rank, int size, dshim_comm_t **out)
+{
+    char prefix[sizeof(comm->prefix) + 32];
+    snprintf(prefix, sizeof(prefix), "%s%s", comm->prefix, suffix);
+    if (strlen(prefix) >= sizeof(comm->prefix)) {
+        return dshim_error(DSHIM_ERR_UNSUPPORTED, "store prefix %s too long", prefix);
+    }
+    pthread_mutex_lock(&comm->store->lock);
+    comm->store->refs++;
+    pthread_mutex_unlock(&comm->store->lock);
+    dshim_status_t st = dshim_bootstrap(comm->store, prefix, rank, size, comm->store->token, out);
+    if (st != DSHIM_OK) {
+        pthread_mutex_lock(&comm->store->lock);
+        comm->store->refs--;
+        pthread_mutex_unlock(&comm->store->lock);
+        return st;
+    }
+    dshim_engine_init(*out);
+    return DSHIM_OK;
+}
+
+dshim_status_t dshim_topo_setup(dshim_comm_t *comm)
+{
+    int n = comm->size;
+    int *host_of = malloc(sizeof(int) * (size_t)n);
+    if (!host_of) {
+        return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
+    }
+    /* hosts numbered by their first rank's order */
+    int nhosts = 0;
+    for (int r = 0; r < n; r++) {
+        host_of[r] = -1;
+        for (int q = 0; q < r; q++) {
+            if (comm->peers[q].host_id == comm->peers[r].host_id) {
+                host_of[r] = host_of[q];
+                break;
+            }
+        }
+        if (host_of[r] < 0) {
+            host_of[r] = nhosts++;
+        }
+    }
+    comm->nhosts = nhosts;
+    dshim_status_t st = DSHIM_OK;
+    if (nhosts > 1 && nhosts < n) {
+        int me = host_of[comm->rank], local_rank = 0, local_size = 0, first = -1;
+        for (int r = 0; r < n; r++) {
+            if (host_of[r] == me) {
+                if (first < 0) {
+                    first = r;
+                }
+                local_rank += r < comm->rank;
+                local_size++;
+            }
+        }
+        char suffix[32];
+        snprintf(suffix, sizeof(suffix), "hl%d/", me);
+        st = sub_bootstrap(comm, suffix, local_rank, local_size, &comm->local);
+        if (st == DSHIM_OK && first == comm->rank) {
+            st = sub_bootstrap(comm, "hx/", me, nhosts, &comm->leaders);
+        }
+        if (st != DSHIM_OK) {
+            dshim_topo_destroy(comm);
+        } else {
+            DSHIM_INFO("rank %d: %d hosts; local rank %d of %d%s", comm->rank, nhosts, local_rank, local_size,
+                       comm->leaders ? "; host leader" : "");
+        }
+    }
+    free(host_of);
+    return st;
+}
+
+void dshim_topo_destroy(dshim_comm_t *comm)
+{
+    if (comm->leaders) {
+        dshim_comm_destroy(comm->leaders);
+        comm->leaders = NULL;
+    }
+    if (comm->local) {
+        dshim_comm_destroy(comm->local);
+        comm->local = NULL;
+    }
+}
