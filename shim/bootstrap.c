@@ -191,7 +191,8 @@ static dshim_status_t connect_peer(dshim_comm_t *comm, int r, uint64_t th, doubl
         return dshim_error(DSHIM_ERR_PEER, "rank %d: handshake with %s failed: %s", comm->rank, who,
                            dshim_last_error());
     }
-    if (reply.magic != HELLO_MAGIC || reply.token_hash != th || reply.rank != r) {
+    if (reply.magic != HELLO_MAGIC || reply.version != HELLO_VERSION || reply.token_hash != th || reply.rank != r ||
+        reply.size != comm->size) {
         close(fd);
         return dshim_error(DSHIM_ERR_PROTOCOL, "rank %d: %s answered with a bad handshake (another job on that port?)",
                            comm->rank, who);
@@ -350,10 +351,14 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
             comm->any_tcp = 1;
         }
     }
-    if (comm->inbox) {
-        /* every peer mapped my inbox: the file can go, so a crash leaves nothing in /dev/shm */
+    if (mode != 1 && size > 1) {
+        /* every peer mapped my inbox: the file can go, so a crash leaves
+         * nothing in /dev/shm.  Every rank joins the barrier, even one whose
+         * own segment could not be created, or the others would wait. */
         DSHIM_CHECK_GOTO(dshim_store_barrier(store->store, prefix, "shm", size, deadline - dshim_now()), st, err);
-        dshim_shm_seg_unlink(comm->inbox);
+        if (comm->inbox) {
+            dshim_shm_seg_unlink(comm->inbox);
+        }
     }
     free(fds);
     *comm_p = comm;

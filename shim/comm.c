@@ -65,7 +65,9 @@ static void store_ref_release(dshim_store_ref_t *ref)
          * so nobody loses the store in the middle of its own teardown */
         char key[64];
         int64_t v = 0;
-        double deadline = dshim_now() + 30.0;
+        /* after a failure some ranks may never say goodbye: wait briefly,
+         * long enough for the others to read the failure's description */
+        double deadline = dshim_now() + (__atomic_load_n(&ref->failed, __ATOMIC_ACQUIRE) ? 3.0 : 30.0);
         snprintf(key, sizeof(key), "bye");
         while (dshim_store_add(ref->store, key, 0, &v) == DSHIM_OK && v < ref->size && dshim_now() < deadline) {
             struct timespec ts = {0, 2000000};

@@ -193,13 +193,33 @@ const dshim_config_t *dshim_config(void)
     return &config;
 }
 
+/* Strings of replaced configurations: other threads may still hold
+ * pointers into them, so they are kept (reachable) rather than freed. */
+static char **retired;
+static size_t nretired;
+
+static void retire_strings(const dshim_config_t *old)
+{
+    for (size_t i = 0; i < NROWS; i++) {
+        if (rows[i].type != DSHIM_PTYPE_STR) {
+            continue;
+        }
+        char **grown = realloc(retired, (nretired + 1) * sizeof(char *));
+        if (!grown) {
+            return;
+        }
+        retired = grown;
+        retired[nretired++] = *(char *const *)((const char *)old + rows[i].offset);
+    }
+}
+
 dshim_status_t dshim_config_reload(void)
 {
     dshim_config();
     pthread_mutex_lock(&config_lock);
-    /* the old strings are leaked on purpose: other threads may hold them */
     dshim_config_t fresh;
     dshim_status_t st = load(&fresh);
+    retire_strings(&config);
     config = fresh;
     pthread_mutex_unlock(&config_lock);
     return st;

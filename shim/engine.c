@@ -123,9 +123,10 @@ static void run_p2p_batch(dshim_comm_t *comm)
     pthread_mutex_lock(&comm->lock);
     /* the batch may have grown: n is only known through the ops' owners */
     for (int i = 0; i < P2P_BATCH_CAP && ops[i].user; i++) {
-        dshim_request_t *req = ops[i].user;
-        if (!req->done) {
-            finish_req(comm, req, st == DSHIM_OK ? DSHIM_OK : st);
+        /* a reported request may already be freed by its owner: only touch
+         * the ones the batch did not complete */
+        if (!ops[i].reported) {
+            finish_req(comm, ops[i].user, st);
         }
     }
     comm->stats.collectives++;

@@ -72,7 +72,13 @@ int test_run_ranks(int n, test_rank_body_t body, void *arg, const char *const *e
             close(p[0]);
             dup2(p[1], 2);
             for (int i = 0; env && env[i]; i++) {
-                putenv(strdup(env[i]));
+                char name[128];
+                const char *eq = strchr(env[i], '=');
+                if (eq && (size_t)(eq - env[i]) < sizeof(name)) {
+                    memcpy(name, env[i], (size_t)(eq - env[i]));
+                    name[eq - env[i]] = 0;
+                    setenv(name, eq + 1, 1);
+                }
             }
             dshim_config_reload();
             int rc = body(r, n, port, arg);

@@ -353,8 +353,8 @@ static int body(int rank, int size, int port, void *arg)
     s.big = opt->big;
     if (opt->hosts > 0) {
         char host[64];
-        snprintf(host, sizeof(host), "DSHIM_HOST_ID=fake-host-%d", rank % opt->hosts);
-        putenv(strdup(host));
+        snprintf(host, sizeof(host), "fake-host-%d", rank % opt->hosts);
+        setenv("DSHIM_HOST_ID", host, 1);
         dshim_config_reload();
     }
     s.rank = rank;
