@@ -289,6 +289,12 @@ static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, 
         if (op->phase == PH_DONE || (op->prev && op->prev->phase != PH_DONE)) {
             continue;
         }
+        if (op->phase == PH_BODY && op->done < op->len && op->done >= limit_of(op)) {
+            /* blocked on its dependency, not on the socket: a writable
+             * socket would wake us at once and turn the wait into a spin
+             * that starves the peers we wait for when ranks outnumber cores */
+            continue;
+        }
         dshim_conn_t *c = comm->conns[op->peer];
         if (c->is_shm) {
             shm_pending = 1;
@@ -309,6 +315,9 @@ static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, 
         }
         dshim_shm_doorbell_wait(comm->inbox, bell, tcp_too ? 1000 : (long)timeout_ms * 1000);
         timeout_ms = 0;
+    }
+    if (np == 0 && timeout_ms > 1) {
+        timeout_ms = 1; /* cannot happen (a dependency is always pending), but never sleep blind */
     }
     int rc = poll(pfd, (nfds_t)np, timeout_ms);
     if (rc < 0 && errno != EINTR) {

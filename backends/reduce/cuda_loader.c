@@ -22,8 +22,16 @@
 #include "reduce/cuda_loader.h"
 #include "status.h"
 
+/*
+ * A library that was opened stays open, even when it is not used: by then
+ * the CUDA runtime (and, in sanitizer builds, instrumented code) may have
+ * registered exit handlers inside it, and dlclose would leave those pointing
+ * at unmapped code -- ThreadSanitizer builds crash at exit that way.  The
+ * cost is the mappings, once per process, only where something asked for
+ * the CUDA backend.
+ */
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
-static void *lib_handle;
+static void *lib_handle; /* set only when the backend is usable */
 static const dshim_reduce_ops_t *cuda_ops;
 
 /* What the library borrows from this core (see reduce_cuda.h). */
@@ -95,6 +103,7 @@ static void *open_library(char *why, size_t why_len)
 static void load(void)
 {
     char why[512] = "";
+    dshim_log_init(); /* so the INFO lines below honour DSHIM_DEBUG */
     void *h = open_library(why, sizeof(why));
     if (h == NULL) {
         DSHIM_INFO("cuda reduction backend not available (%s); device buffers cannot be "
@@ -108,14 +117,12 @@ static void load(void)
     if (bind == NULL || count == NULL || ops == NULL) {
         DSHIM_INFO("cuda reduction backend not available: %s lacks its entry points (%s); "
                    "rebuild it with this version of dshim", DSHIM_CUDA_LIB_NAME, dlerror());
-        dlclose(h);
         return;
     }
     const char *no_dev = "";
     int ndev = count(&no_dev);
     if (ndev <= 0) {
         DSHIM_INFO("cuda reduction backend not used: no cuda device (%s)", no_dev);
-        dlclose(h);
         return;
     }
     bind(&host_table);

@@ -188,54 +188,8 @@ int rc_launch_scale(void *buf, size_t n, int divisor, cudaStream_t stream)
                                  args, 0, stream);
 }
 
-/* One row per dtype: sum, prod, min, max (AVG reduces as SUM). */
-#define RC_INT_ROW(T, UT)                                                      \
-    {                                                                          \
-        rc_launch_reduce<UT, rc_isum<UT> >, rc_launch_reduce<UT, rc_iprod<UT> >, \
-            rc_launch_reduce<T, rc_imin<T> >, rc_launch_reduce<T, rc_imax<T> > \
-    }
-#define RC_FLOAT_ROW(T)                                                        \
-    {                                                                          \
-        rc_launch_reduce<T, rc_fsum<T> >, rc_launch_reduce<T, rc_fprod<T> >,   \
-            rc_launch_reduce<T, rc_fmin<T> >, rc_launch_reduce<T, rc_fmax<T> > \
-    }
-#define RC_NARROW_ROW(C, K)                                                    \
-    {                                                                          \
-        rc_launch_reduce<C::T, rc_nfused<C, rc_fsum<float> > >,                \
-            rc_launch_reduce<C::T, rc_nfused<C, rc_fprod<float> > >,           \
-            rc_launch_reduce<C::T, rc_nmin<C::T, K> >,                         \
-            rc_launch_reduce<C::T, rc_nmax<C::T, K> >                          \
-    }
-
-const rc_reduce_launch_fn rc_reduce_table[DSHIM_DTYPE_COUNT][4] = {
-    /* DSHIM_INT8 */ RC_INT_ROW(int8_t, uint8_t),
-    /* DSHIM_UINT8 */ RC_INT_ROW(uint8_t, uint8_t),
-    /* DSHIM_INT32 */ RC_INT_ROW(int32_t, uint32_t),
-    /* DSHIM_UINT32 */ RC_INT_ROW(uint32_t, uint32_t),
-    /* DSHIM_INT64 */ RC_INT_ROW(int64_t, uint64_t),
-    /* DSHIM_UINT64 */ RC_INT_ROW(uint64_t, uint64_t),
-    /* DSHIM_FLOAT16 */ RC_NARROW_ROW(rc_cvt_f16, rc_key_f16),
-    /* DSHIM_BFLOAT16 */ RC_NARROW_ROW(rc_cvt_bf16, rc_key_bf16),
-    /* DSHIM_FLOAT32 */ RC_FLOAT_ROW(float),
-    /* DSHIM_FLOAT64 */ RC_FLOAT_ROW(double),
-    /* DSHIM_FLOAT8_E4M3 */ RC_NARROW_ROW(rc_cvt_e4m3, rc_key_e4m3),
-    /* DSHIM_FLOAT8_E5M2 */ RC_NARROW_ROW(rc_cvt_e5m2, rc_key_e5m2),
-};
-
-const rc_scale_launch_fn rc_scale_table[DSHIM_DTYPE_COUNT] = {
-    /* DSHIM_INT8 */ rc_launch_scale<rc_iscale<int8_t, int32_t> >,
-    /* DSHIM_UINT8 */ rc_launch_scale<rc_iscale<uint8_t, uint32_t> >,
-    /* DSHIM_INT32 */ rc_launch_scale<rc_iscale<int32_t, int32_t> >,
-    /* DSHIM_UINT32 */ rc_launch_scale<rc_iscale<uint32_t, uint32_t> >,
-    /* DSHIM_INT64 */ rc_launch_scale<rc_iscale<int64_t, int64_t> >,
-    /* DSHIM_UINT64 */ rc_launch_scale<rc_iscale<uint64_t, uint64_t> >,
-    /* DSHIM_FLOAT16 */ rc_launch_scale<rc_nscale<rc_cvt_f16> >,
-    /* DSHIM_BFLOAT16 */ rc_launch_scale<rc_nscale<rc_cvt_bf16> >,
-    /* DSHIM_FLOAT32 */ rc_launch_scale<rc_fscale<float> >,
-    /* DSHIM_FLOAT64 */ rc_launch_scale<rc_fscale<double> >,
-    /* DSHIM_FLOAT8_E4M3 */ rc_launch_scale<rc_nscale<rc_cvt_e4m3> >,
-    /* DSHIM_FLOAT8_E5M2 */ rc_launch_scale<rc_nscale<rc_cvt_e5m2> >,
-};
+const rc_reduce_launch_fn rc_reduce_table[DSHIM_DTYPE_COUNT][4] = RC_REDUCE_TABLE(rc_launch_reduce);
+const rc_scale_launch_fn rc_scale_table[DSHIM_DTYPE_COUNT] = RC_SCALE_TABLE(rc_launch_scale);
 
 } // namespace
 

@@ -306,4 +306,56 @@ template <typename C> struct rc_nscale {
     static RC_HD TT apply(TT x, int d) { return C::narrow(rc_fscale<float>::apply(C::widen(x), d)); }
 };
 
+/* ---- which operation each dtype uses ------------------------------------- */
+
+/*
+ * Tables indexed [dtype][op] (op columns sum, prod, min, max; AVG reduces as
+ * SUM) and [dtype], of L<T, Op> and L<S> for a function template L: the
+ * kernel launchers in reduce_cuda.cu, and host loops in the host-side test,
+ * so both see the same mapping.
+ */
+#define RC_INT_ROW(L, T, UT)                                                   \
+    {                                                                          \
+        L<UT, rc_isum<UT> >, L<UT, rc_iprod<UT> >, L<T, rc_imin<T> >, L<T, rc_imax<T> > \
+    }
+#define RC_FLOAT_ROW(L, T)                                                     \
+    {                                                                          \
+        L<T, rc_fsum<T> >, L<T, rc_fprod<T> >, L<T, rc_fmin<T> >, L<T, rc_fmax<T> > \
+    }
+#define RC_NARROW_ROW(L, C, K)                                                 \
+    {                                                                          \
+        L<C::T, rc_nfused<C, rc_fsum<float> > >, L<C::T, rc_nfused<C, rc_fprod<float> > >, \
+            L<C::T, rc_nmin<C::T, K> >, L<C::T, rc_nmax<C::T, K> >             \
+    }
+#define RC_REDUCE_TABLE(L)                                                     \
+    {                                                                          \
+        /* DSHIM_INT8 */ RC_INT_ROW(L, int8_t, uint8_t),                       \
+        /* DSHIM_UINT8 */ RC_INT_ROW(L, uint8_t, uint8_t),                     \
+        /* DSHIM_INT32 */ RC_INT_ROW(L, int32_t, uint32_t),                    \
+        /* DSHIM_UINT32 */ RC_INT_ROW(L, uint32_t, uint32_t),                  \
+        /* DSHIM_INT64 */ RC_INT_ROW(L, int64_t, uint64_t),                    \
+        /* DSHIM_UINT64 */ RC_INT_ROW(L, uint64_t, uint64_t),                  \
+        /* DSHIM_FLOAT16 */ RC_NARROW_ROW(L, rc_cvt_f16, rc_key_f16),          \
+        /* DSHIM_BFLOAT16 */ RC_NARROW_ROW(L, rc_cvt_bf16, rc_key_bf16),       \
+        /* DSHIM_FLOAT32 */ RC_FLOAT_ROW(L, float),                            \
+        /* DSHIM_FLOAT64 */ RC_FLOAT_ROW(L, double),                           \
+        /* DSHIM_FLOAT8_E4M3 */ RC_NARROW_ROW(L, rc_cvt_e4m3, rc_key_e4m3),    \
+        /* DSHIM_FLOAT8_E5M2 */ RC_NARROW_ROW(L, rc_cvt_e5m2, rc_key_e5m2),    \
+    }
+#define RC_SCALE_TABLE(L)                                                      \
+    {                                                                          \
+        /* DSHIM_INT8 */ L<rc_iscale<int8_t, int32_t> >,                       \
+        /* DSHIM_UINT8 */ L<rc_iscale<uint8_t, uint32_t> >,                    \
+        /* DSHIM_INT32 */ L<rc_iscale<int32_t, int32_t> >,                     \
+        /* DSHIM_UINT32 */ L<rc_iscale<uint32_t, uint32_t> >,                  \
+        /* DSHIM_INT64 */ L<rc_iscale<int64_t, int64_t> >,                     \
+        /* DSHIM_UINT64 */ L<rc_iscale<uint64_t, uint64_t> >,                  \
+        /* DSHIM_FLOAT16 */ L<rc_nscale<rc_cvt_f16> >,                         \
+        /* DSHIM_BFLOAT16 */ L<rc_nscale<rc_cvt_bf16> >,                       \
+        /* DSHIM_FLOAT32 */ L<rc_fscale<float> >,                              \
+        /* DSHIM_FLOAT64 */ L<rc_fscale<double> >,                             \
+        /* DSHIM_FLOAT8_E4M3 */ L<rc_nscale<rc_cvt_e4m3> >,                    \
+        /* DSHIM_FLOAT8_E5M2 */ L<rc_nscale<rc_cvt_e5m2> >,                    \
+    }
+
 #endif
