@@ -13,6 +13,7 @@
 #include <getopt.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,9 +93,10 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: dshim-bench [-n NPROCS] [-o OP] [-d DTYPE] [-r REDOP] [-b MIN] [-e MAX] [-f FACTOR]\n"
-            "                   [-w WARMUP] [-i ITERS | -t SECONDS] [-c 0|1] [-j OUT.jsonl] [--print-config]\n"
+            "                   [-w WARMUP] [-i ITERS | -t SECONDS] [-c 0|1] [-j OUT.jsonl] [--no-bind] [--print-config]\n"
             "  OP: allreduce broadcast reduce allgather reduce_scatter alltoall (default allreduce)\n"
-            "  sizes accept K/M/G suffixes; defaults -b 4K -e 64M -f 4, float32, sum, -t 1\n");
+            "  sizes accept K/M/G suffixes; defaults -b 4K -e 64M -f 4, float32, sum, -t 1\n"
+            "  with -n N <= cores each rank is bound to one core (as mpirun does); --no-bind turns that off\n");
 }
 
 /* bus bandwidth factor, as nccl-tests defines it */
@@ -279,7 +281,7 @@ static int free_port(void)
 }
 
 /* Local launcher: fork n ranks, end them all if one fails. */
-static int launch_local(int n, char **argv)
+static int launch_local(int n, int bind, char **argv)
 {
     int port = free_port();
     pid_t *pids = calloc((size_t)n, sizeof(pid_t));
@@ -302,6 +304,14 @@ static int launch_local(int n, char **argv)
             snprintf(buf, sizeof(buf), "%d", port);
             setenv("MASTER_PORT", buf, 1);
             setenv("DSHIM_JOB_TOKEN", token, 1);
+            long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+            if (bind && ncpu > 0 && n <= ncpu) {
+                /* like mpirun's default: one core per rank when they fit */
+                cpu_set_t set;
+                CPU_ZERO(&set);
+                CPU_SET(r % (int)ncpu, &set);
+                sched_setaffinity(0, sizeof(set), &set);
+            }
             execv("/proc/self/exe", argv);
             perror("execv");
             _exit(127);
@@ -352,7 +362,9 @@ int main(int argc, char **argv)
     opts_t o = {.nprocs = 0, .min_bytes = 4096, .max_bytes = 64u << 20, .factor = 4, .op = "allreduce",
                 .dtype = DSHIM_FLOAT32, .redop = DSHIM_SUM, .warmup = 5, .iters = 0, .seconds = 1.0, .check = 1,
                 .json = NULL};
+    int bind = 1;
     static struct option longopts[] = {{"print-config", no_argument, NULL, 'P'}, {"help", no_argument, NULL, 'h'},
+                                       {"no-bind", no_argument, NULL, 'B'},
                                        {NULL, 0, NULL, 0}};
     /* keep argv intact for re-exec of the ranks */
     char **argv_copy = calloc((size_t)argc + 1, sizeof(char *));
@@ -403,6 +415,7 @@ int main(int argc, char **argv)
         case 'c': o.check = atoi(optarg); break;
         case 'j': o.json = optarg; break;
         case 'P': dshim_print_config(stdout); return 0;
+        case 'B': bind = 0; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -417,7 +430,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (o.nprocs > 0) {
-        return launch_local(o.nprocs, argv_copy);
+        return launch_local(o.nprocs, bind, argv_copy);
     }
     return rank_main(&o);
 }
