@@ -213,6 +213,30 @@ static int transport_mode(void)
     return 0;
 }
 
+void dshim_comm_release(dshim_comm_t *comm)
+{
+    for (int r = 0; comm->conns && r < comm->size; r++) {
+        if (comm->conns[r]) {
+            comm->conns[r]->ops->destroy(comm->conns[r]);
+        }
+        if (comm->peer_inbox && comm->peer_inbox[r]) {
+            dshim_shm_seg_detach(comm->peer_inbox[r]);
+        }
+    }
+    if (comm->inbox) {
+        dshim_shm_seg_detach(comm->inbox);
+    }
+    free(comm->peers);
+    free(comm->conns);
+    free(comm->peer_inbox);
+    free(comm->p2p_tx);
+    free(comm->p2p_rx);
+    free(comm->scratch);
+    pthread_mutex_destroy(&comm->lock);
+    pthread_cond_destroy(&comm->cond);
+    free(comm);
+}
+
 dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int rank, int size,
                                const char *token, dshim_comm_t **comm_p)
 {
@@ -376,25 +400,9 @@ err:
         }
         free(fds);
     }
-    for (int r = 0; comm->conns && r < size; r++) {
-        if (comm->conns[r]) {
-            comm->conns[r]->ops->destroy(comm->conns[r]);
-        }
-        if (comm->peer_inbox && comm->peer_inbox[r]) {
-            dshim_shm_seg_detach(comm->peer_inbox[r]);
-        }
-    }
     if (comm->inbox) {
         dshim_shm_seg_unlink(comm->inbox);
-        dshim_shm_seg_detach(comm->inbox);
     }
-    free(comm->peers);
-    free(comm->conns);
-    free(comm->peer_inbox);
-    free(comm->p2p_tx);
-    free(comm->p2p_rx);
-    pthread_mutex_destroy(&comm->lock);
-    pthread_cond_destroy(&comm->cond);
-    free(comm);
+    dshim_comm_release(comm);
     return st;
 }

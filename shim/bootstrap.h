@@ -13,6 +13,8 @@ dshim_status_t dshim_args_from_env(dshim_comm_args_t *args);
  * rank, connects to every peer, sets up shared memory. */
 dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int rank, int size,
                                const char *token, dshim_comm_t **comm_p);
+/* Frees everything dshim_bootstrap built (connections, segments, tables). */
+void dshim_comm_release(dshim_comm_t *comm);
 /* Barrier through the store (bootstrap and teardown only). */
 dshim_status_t dshim_store_barrier(dshim_store_t *store, const char *prefix, const char *name, int size,
                                    double timeout_s);

@@ -174,26 +174,7 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init_env(dshim_comm_t **comm_p)
 static void comm_free(dshim_comm_t *comm)
 {
     dshim_topo_destroy(comm);
-    for (int r = 0; r < comm->size; r++) {
-        if (comm->conns[r]) {
-            comm->conns[r]->ops->destroy(comm->conns[r]);
-        }
-        if (comm->peer_inbox[r]) {
-            dshim_shm_seg_detach(comm->peer_inbox[r]);
-        }
-    }
-    if (comm->inbox) {
-        dshim_shm_seg_detach(comm->inbox);
-    }
-    free(comm->peers);
-    free(comm->conns);
-    free(comm->peer_inbox);
-    free(comm->p2p_tx);
-    free(comm->p2p_rx);
-    free(comm->scratch);
-    pthread_mutex_destroy(&comm->lock);
-    pthread_cond_destroy(&comm->cond);
-    free(comm);
+    dshim_comm_release(comm);
 }
 
 DSHIM_EXPORT dshim_status_t dshim_comm_destroy(dshim_comm_t *comm)
