@@ -36,11 +36,12 @@ static dshim_status_t check_args(const dshim_comm_args_t *a)
  * exits right after its own error the store would vanish with it, so at exit
  * it keeps serving briefly until every peer has read it (bounded). */
 static dshim_store_ref_t *hosted_ref;
+static pid_t hosted_pid; /* a forked child (a data-loader worker) must not touch the parent's store */
 
 static void linger_at_exit(void)
 {
     dshim_store_ref_t *ref = __atomic_load_n(&hosted_ref, __ATOMIC_ACQUIRE);
-    if (!ref || !__atomic_load_n(&ref->failed, __ATOMIC_ACQUIRE)) {
+    if (!ref || getpid() != hosted_pid || !__atomic_load_n(&ref->failed, __ATOMIC_ACQUIRE)) {
         return;
     }
     double deadline = dshim_now() + 3.0;
@@ -141,6 +142,7 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim
     if (ref->server) {
         static pthread_once_t once = PTHREAD_ONCE_INIT;
         pthread_once(&once, register_linger);
+        hosted_pid = getpid();
         __atomic_store_n(&hosted_ref, ref, __ATOMIC_RELEASE);
     }
     DSHIM_INFO("rank %d of %d joined (%d on this host, transport %s)", args->rank, args->size, (*comm_p)->nlocal,
