@@ -366,21 +366,8 @@ int main(int argc, char **argv)
     static struct option longopts[] = {{"print-config", no_argument, NULL, 'P'}, {"help", no_argument, NULL, 'h'},
                                        {"no-bind", no_argument, NULL, 'B'},
                                        {NULL, 0, NULL, 0}};
-    /* keep argv intact for re-exec of the ranks */
-    char **argv_copy = calloc((size_t)argc + 1, sizeof(char *));
-    int ac = 0;
-    for (int i = 0; i < argc; i++) {
-        if (i > 0 && !strcmp(argv[i], "-n")) {
-            i++;
-            continue;
-        }
-        if (i > 0 && !strncmp(argv[i], "-n", 2) && argv[i][2]) {
-            continue;
-        }
-        argv_copy[ac++] = argv[i];
-    }
     int c;
-    while ((c = getopt_long(argc, argv, "n:b:e:f:o:d:r:w:i:t:c:j:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+n:b:e:f:o:d:r:w:i:t:c:j:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'n': o.nprocs = atoi(optarg); break;
         case 'b':
@@ -429,8 +416,26 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (o.nprocs > 0) {
-        return launch_local(o.nprocs, bind, argv_copy);
+    /* the ranks re-exec this program with the same options minus -n ("+"
+     * in the option string keeps getopt from reordering argv) */
+    char **argv_copy = calloc((size_t)argc + 1, sizeof(char *));
+    int ac = 0;
+    for (int i = 0; i < argc; i++) {
+        if (i > 0 && !strcmp(argv[i], "-n")) {
+            i++;
+            continue;
+        }
+        if (i > 0 && !strncmp(argv[i], "-n", 2) && argv[i][2]) {
+            continue;
+        }
+        argv_copy[ac++] = argv[i];
     }
-    return rank_main(&o);
+    int rc;
+    if (o.nprocs > 0) {
+        rc = launch_local(o.nprocs, bind, argv_copy);
+    } else {
+        rc = rank_main(&o);
+    }
+    free(argv_copy);
+    return rc;
 }
