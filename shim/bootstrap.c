@@ -254,6 +254,7 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
     }
     comm->rank = rank;
     comm->size = size;
+    comm->owner_pid = dshim_self_pid();
     comm->store = store;
     snprintf(comm->prefix, sizeof(comm->prefix), "%s", prefix);
     pthread_mutex_init(&comm->lock, NULL);

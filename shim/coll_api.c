@@ -14,6 +14,7 @@ static dshim_status_t check_common(dshim_comm_t *comm, dshim_dtype_t dtype, cons
     if ((unsigned)dtype >= DSHIM_DTYPE_COUNT) {
         return dshim_error(DSHIM_ERR_INVALID, "rank %d: %s: invalid dtype %d", comm->rank, what, (int)dtype);
     }
+    DSHIM_CHECK(dshim_comm_check_owner(comm, what));
     dshim_status_t st = __atomic_load_n(&comm->error, __ATOMIC_ACQUIRE);
     if (st != DSHIM_OK) {
         dshim_error_set_raw(comm->errmsg);

@@ -179,11 +179,47 @@ static void comm_free(dshim_comm_t *comm)
     dshim_comm_release(comm);
 }
 
+/* getpid() is a system call; the hot path compares against a copy that a
+ * fork handler refreshes in the child. */
+static pid_t self_pid;
+static pthread_once_t self_pid_once = PTHREAD_ONCE_INIT;
+
+static void refresh_self_pid(void)
+{
+    __atomic_store_n(&self_pid, getpid(), __ATOMIC_RELAXED);
+}
+
+static void init_self_pid(void)
+{
+    refresh_self_pid();
+    pthread_atfork(NULL, NULL, refresh_self_pid);
+}
+
+pid_t dshim_self_pid(void)
+{
+    pthread_once(&self_pid_once, init_self_pid);
+    return __atomic_load_n(&self_pid, __ATOMIC_RELAXED);
+}
+
+dshim_status_t dshim_comm_check_owner(const dshim_comm_t *comm, const char *what)
+{
+    if (comm->owner_pid != dshim_self_pid()) {
+        /* sockets, rings and the store connection are shared with the parent:
+         * touching them from here would corrupt the parent's job */
+        return dshim_error(DSHIM_ERR_INVALID,
+                           "%s: this communicator belongs to pid %d (rank %d); a forked child (pid %d) cannot use "
+                           "it: create communicators after fork, or only in the parent",
+                           what, (int)comm->owner_pid, comm->rank, (int)getpid());
+    }
+    return DSHIM_OK;
+}
+
 DSHIM_EXPORT dshim_status_t dshim_comm_destroy(dshim_comm_t *comm)
 {
     if (!comm) {
         return DSHIM_OK;
     }
+    DSHIM_CHECK(dshim_comm_check_owner(comm, "dshim_comm_destroy"));
     dshim_engine_shutdown(comm);
     dshim_status_t st = comm->error;
     int is_root_comm = strcmp(comm->prefix, "c0/") == 0;
@@ -248,6 +284,7 @@ DSHIM_EXPORT dshim_status_t dshim_comm_abort(dshim_comm_t *comm, const char *rea
     if (!comm) {
         return dshim_error(DSHIM_ERR_INVALID, "dshim_comm_abort: comm is NULL");
     }
+    DSHIM_CHECK(dshim_comm_check_owner(comm, "dshim_comm_abort"));
     char msg[512];
     snprintf(msg, sizeof(msg), "rank %d (host %s) aborted the communicator: %s", comm->rank,
              comm->peers[comm->rank].hostname, reason ? reason : "no reason given");
@@ -339,6 +376,7 @@ DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int 
         return dshim_error(DSHIM_ERR_INVALID, "dshim_comm_split: NULL argument");
     }
     *newcomm_p = NULL;
+    DSHIM_CHECK(dshim_comm_check_owner(comm, "dshim_comm_split"));
     int32_t mine[2] = {color, key};
     int32_t *all = malloc((size_t)comm->size * 2 * sizeof(int32_t));
     if (!all) {

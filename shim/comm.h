@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "dshim.h"
 #include "reduce/reduce.h"
@@ -69,6 +70,7 @@ typedef struct dshim_request dshim_request_t;
 
 struct dshim_comm {
     int rank, size;
+    pid_t owner_pid;               /* a forked child inherits a copy it must not use */
     char prefix[96];               /* store key prefix of this communicator */
     dshim_store_ref_t *store;
     dshim_peer_info_t *peers;      /* [size] */
@@ -117,6 +119,10 @@ struct dshim_comm {
 
 enum { DSHIM_ALGO_AUTO = 0, DSHIM_ALGO_RING, DSHIM_ALGO_RD, DSHIM_ALGO_HIER };
 
+/* This process's pid, without a system call (refreshed after fork). */
+pid_t dshim_self_pid(void);
+/* DSHIM_OK in the process that created comm; an error in a forked child. */
+dshim_status_t dshim_comm_check_owner(const dshim_comm_t *comm, const char *what);
 /* scratch of at least len bytes; valid until the next call */
 dshim_status_t dshim_comm_scratch(dshim_comm_t *comm, size_t len, void **ptr_p);
 /* Records the first error, tells peers (store + closing connections). */

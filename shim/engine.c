@@ -291,6 +291,7 @@ DSHIM_EXPORT dshim_status_t dshim_wait(dshim_request_t *req)
         return dshim_error(DSHIM_ERR_INVALID, "dshim_wait: NULL request");
     }
     dshim_comm_t *comm = req->comm;
+    DSHIM_CHECK(dshim_comm_check_owner(comm, "dshim_wait"));
     pthread_mutex_lock(&comm->lock);
     dshim_status_t st = wait_locked(comm, req);
     pthread_mutex_unlock(&comm->lock);

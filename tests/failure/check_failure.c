@@ -426,6 +426,54 @@ START_TEST(test_data_port_strangers)
 }
 END_TEST
 
+/* ---- a forked child must not use its parent's communicator ------------- */
+
+static int body_fork(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    int v = rank + 1;
+    if (rank == 0) {
+        fflush(stderr);
+        pid_t child = fork();
+        if (child == 0) {
+            /* what a data-loader worker would do by mistake */
+            dshim_status_t a = dshim_allreduce(comm, &v, &v, 1, DSHIM_INT32, DSHIM_SUM);
+            int named = strstr(dshim_last_error(), "forked child") != NULL;
+            dshim_status_t d = dshim_comm_destroy(comm);
+            _exit(a == DSHIM_ERR_INVALID && d == DSHIM_ERR_INVALID && named ? 0 : 1);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "ERROR: the forked child could use the communicator\n");
+            return 4;
+        }
+    }
+    /* the parent's job is untouched */
+    dshim_status_t st = dshim_allreduce(comm, &v, &v, 1, DSHIM_INT32, DSHIM_SUM);
+    if (st != DSHIM_OK || v != 3) {
+        fprintf(stderr, "ERROR: %s (v=%d)\n", dshim_last_error(), v);
+        return 3;
+    }
+    return dshim_comm_destroy(comm) == DSHIM_OK ? 0 : 5;
+}
+
+START_TEST(test_forked_child_refused)
+{
+    test_rank_result_t res[2];
+    int rc = test_run_ranks(2, body_fork, NULL, transport_env_shm, 30.0, res);
+    if (rc != 0 || res[0].code != 0 || res[1].code != 0) {
+        dump(res, 2);
+    }
+    ck_assert_int_eq(rc, 0);
+    ck_assert(res[0].exited && res[0].code == 0 && res[1].exited && res[1].code == 0);
+}
+END_TEST
+
 /* ---- port in use, bad environment --------------------------------------- */
 
 START_TEST(test_store_port_in_use)
@@ -509,6 +557,7 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_garbage_from_peer);
     tcase_add_test(tc, test_store_port_strangers);
     tcase_add_test(tc, test_data_port_strangers);
+    tcase_add_test(tc, test_forked_child_refused);
     suite_add_tcase(s, tc);
     TCase *env = tcase_create("configuration");
     tcase_add_test(env, test_store_port_in_use);
