@@ -129,7 +129,7 @@ static void run_p2p_batch(dshim_comm_t *comm)
             finish_req(comm, ops[i].user, st);
         }
     }
-    comm->stats.collectives++;
+    __atomic_add_fetch(&comm->stats.collectives, 1, __ATOMIC_RELAXED);
     comm->busy = 0;
     pthread_cond_broadcast(&comm->cond);
     free(ops);
