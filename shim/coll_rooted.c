@@ -105,7 +105,9 @@ dshim_status_t dshim_algo_reduce(dshim_comm_t *comm, dshim_request_t *req)
     return dshim_xfer(comm, &req->sig, ops, k);
 }
 
-dshim_status_t dshim_algo_gather(dshim_comm_t *comm, dshim_request_t *req)
+/* Gather and scatter: the root exchanges one block with every other rank
+ * directly (all at once); the others make a single transfer. */
+static dshim_status_t rooted_blocks(dshim_comm_t *comm, dshim_request_t *req, int gathering)
 {
     int n = comm->size;
     size_t bytes = req->count * dshim_dtype_size(req->dtype);
@@ -113,12 +115,17 @@ dshim_status_t dshim_algo_gather(dshim_comm_t *comm, dshim_request_t *req)
         return DSHIM_OK;
     }
     if (comm->rank != req->root) {
-        dshim_xfer_op_t op = dshim_xf_send(req->root, req->sbuf, bytes);
+        dshim_xfer_op_t op = gathering ? dshim_xf_send(req->root, req->sbuf, bytes)
+                                       : dshim_xf_recv(req->root, req->rbuf, bytes);
         return dshim_xfer(comm, &req->sig, &op, 1);
     }
-    char *out = req->rbuf;
-    if (out + (size_t)comm->rank * bytes != req->sbuf) {
-        memmove(out + (size_t)comm->rank * bytes, req->sbuf, bytes);
+    /* the root's own block moves locally */
+    char *blocks = gathering ? (char *)req->rbuf : (char *)req->sbuf;
+    char *own = blocks + (size_t)comm->rank * bytes;
+    if (gathering && own != req->sbuf) {
+        memmove(own, req->sbuf, bytes);
+    } else if (!gathering && own != req->rbuf) {
+        memmove(req->rbuf, own, bytes);
     }
     dshim_xfer_op_t *ops = calloc((size_t)n, sizeof(*ops));
     if (!ops) {
@@ -127,7 +134,8 @@ dshim_status_t dshim_algo_gather(dshim_comm_t *comm, dshim_request_t *req)
     int k = 0;
     for (int r = 0; r < n; r++) {
         if (r != comm->rank) {
-            ops[k++] = dshim_xf_recv(r, out + (size_t)r * bytes, bytes);
+            char *blk = blocks + (size_t)r * bytes;
+            ops[k++] = gathering ? dshim_xf_recv(r, blk, bytes) : dshim_xf_send(r, blk, bytes);
         }
     }
     dshim_status_t st = dshim_xfer(comm, &req->sig, ops, k);
@@ -135,32 +143,12 @@ dshim_status_t dshim_algo_gather(dshim_comm_t *comm, dshim_request_t *req)
     return st;
 }
 
+dshim_status_t dshim_algo_gather(dshim_comm_t *comm, dshim_request_t *req)
+{
+    return rooted_blocks(comm, req, 1);
+}
+
 dshim_status_t dshim_algo_scatter(dshim_comm_t *comm, dshim_request_t *req)
 {
-    int n = comm->size;
-    size_t bytes = req->count * dshim_dtype_size(req->dtype);
-    if (bytes == 0) {
-        return DSHIM_OK;
-    }
-    if (comm->rank != req->root) {
-        dshim_xfer_op_t op = dshim_xf_recv(req->root, req->rbuf, bytes);
-        return dshim_xfer(comm, &req->sig, &op, 1);
-    }
-    const char *in = req->sbuf;
-    if (in + (size_t)comm->rank * bytes != req->rbuf) {
-        memmove(req->rbuf, in + (size_t)comm->rank * bytes, bytes);
-    }
-    dshim_xfer_op_t *ops = calloc((size_t)n, sizeof(*ops));
-    if (!ops) {
-        return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
-    }
-    int k = 0;
-    for (int r = 0; r < n; r++) {
-        if (r != comm->rank) {
-            ops[k++] = dshim_xf_send(r, in + (size_t)r * bytes, bytes);
-        }
-    }
-    dshim_status_t st = dshim_xfer(comm, &req->sig, ops, k);
-    free(ops);
-    return st;
+    return rooted_blocks(comm, req, 0);
 }
