@@ -367,6 +367,26 @@ DSHIM_EXPORT void dshim_comm_stats(const dshim_comm_t *comm, dshim_stats_t *stat
     }
 }
 
+dshim_status_t dshim_comm_create_child(dshim_comm_t *comm, const char *suffix, int rank, int size,
+                                       dshim_comm_t **child_p)
+{
+    char prefix[sizeof(comm->prefix) + 64];
+    snprintf(prefix, sizeof(prefix), "%s%s", comm->prefix, suffix);
+    if (strlen(prefix) >= sizeof(comm->prefix)) {
+        return dshim_error(DSHIM_ERR_UNSUPPORTED, "communicators nested too deeply (store prefix %s too long)", prefix);
+    }
+    pthread_mutex_lock(&comm->store->lock);
+    comm->store->refs++;
+    pthread_mutex_unlock(&comm->store->lock);
+    dshim_status_t st = dshim_bootstrap(comm->store, prefix, rank, size, comm->store->token, child_p);
+    if (st != DSHIM_OK) {
+        store_ref_release(comm->store);
+        return st;
+    }
+    dshim_engine_init(*child_p);
+    return DSHIM_OK;
+}
+
 /* Split: every rank learns every (color, key) through an allgather on the
  * parent, then the members of each color bootstrap a fresh mesh under a
  * prefix unique to this split and color. */
@@ -404,20 +424,9 @@ DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int 
         }
     }
     free(all);
-    char prefix[sizeof(comm->prefix) + 48];
-    snprintf(prefix, sizeof(prefix), "%ss%" PRIu64 "c%d/", comm->prefix, split_id, color);
-    if (strlen(prefix) >= sizeof(comm->prefix)) {
-        return dshim_error(DSHIM_ERR_UNSUPPORTED, "communicators split too deeply (store prefix %s too long)", prefix);
-    }
-    pthread_mutex_lock(&comm->store->lock);
-    comm->store->refs++;
-    pthread_mutex_unlock(&comm->store->lock);
-    st = dshim_bootstrap(comm->store, prefix, newrank, newsize, comm->store->token, newcomm_p);
-    if (st != DSHIM_OK) {
-        store_ref_release(comm->store);
-        return st;
-    }
-    dshim_engine_init(*newcomm_p);
+    char suffix[48];
+    snprintf(suffix, sizeof(suffix), "s%" PRIu64 "c%d/", split_id, color);
+    DSHIM_CHECK(dshim_comm_create_child(comm, suffix, newrank, newsize, newcomm_p));
     st = dshim_topo_setup(*newcomm_p);
     if (st != DSHIM_OK) {
         dshim_comm_destroy(*newcomm_p);

@@ -127,6 +127,10 @@ dshim_status_t dshim_comm_check_owner(const dshim_comm_t *comm, const char *what
 dshim_status_t dshim_comm_scratch(dshim_comm_t *comm, size_t len, void **ptr_p);
 /* Records the first error, tells peers (store + closing connections). */
 dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg);
+/* A communicator over some of comm's ranks, bootstrapped under comm's store
+ * prefix + suffix (which the members must agree on) and sharing its store. */
+dshim_status_t dshim_comm_create_child(dshim_comm_t *comm, const char *suffix, int rank, int size,
+                                       dshim_comm_t **child_p);
 /* Builds comm->local / comm->leaders when ranks span hosts (shim/topo.c). */
 dshim_status_t dshim_topo_setup(dshim_comm_t *comm);
 void dshim_topo_destroy(dshim_comm_t *comm);

@@ -13,31 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bootstrap.h"
 #include "comm.h"
-#include "engine.h"
 #include "status.h"
-
-static dshim_status_t sub_bootstrap(dshim_comm_t *comm, const char *suffix, int rank, int size, dshim_comm_t **out)
-{
-    char prefix[sizeof(comm->prefix) + 32];
-    snprintf(prefix, sizeof(prefix), "%s%s", comm->prefix, suffix);
-    if (strlen(prefix) >= sizeof(comm->prefix)) {
-        return dshim_error(DSHIM_ERR_UNSUPPORTED, "store prefix %s too long", prefix);
-    }
-    pthread_mutex_lock(&comm->store->lock);
-    comm->store->refs++;
-    pthread_mutex_unlock(&comm->store->lock);
-    dshim_status_t st = dshim_bootstrap(comm->store, prefix, rank, size, comm->store->token, out);
-    if (st != DSHIM_OK) {
-        pthread_mutex_lock(&comm->store->lock);
-        comm->store->refs--;
-        pthread_mutex_unlock(&comm->store->lock);
-        return st;
-    }
-    dshim_engine_init(*out);
-    return DSHIM_OK;
-}
 
 dshim_status_t dshim_topo_setup(dshim_comm_t *comm)
 {
@@ -75,9 +52,9 @@ dshim_status_t dshim_topo_setup(dshim_comm_t *comm)
         }
         char suffix[32];
         snprintf(suffix, sizeof(suffix), "hl%d/", me);
-        st = sub_bootstrap(comm, suffix, local_rank, local_size, &comm->local);
+        st = dshim_comm_create_child(comm, suffix, local_rank, local_size, &comm->local);
         if (st == DSHIM_OK && first == comm->rank) {
-            st = sub_bootstrap(comm, "hx/", me, nhosts, &comm->leaders);
+            st = dshim_comm_create_child(comm, "hx/", me, nhosts, &comm->leaders);
         }
         if (st != DSHIM_OK) {
             dshim_topo_destroy(comm);

@@ -110,6 +110,13 @@ static dshim_status_t check_hdr(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
     return DSHIM_OK;
 }
 
+/* An op can move now: not finished, and the op before it on the same peer
+ * and direction is (streams are ordered). */
+static int op_active(const dshim_xfer_op_t *op)
+{
+    return op->phase != PH_DONE && !(op->prev && op->prev->phase != PH_DONE);
+}
+
 static size_t limit_of(const dshim_xfer_op_t *op)
 {
     size_t lim = op->len;
@@ -237,7 +244,7 @@ static void waiting_on(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, char *ou
     size_t o = 0;
     out[0] = 0;
     for (int i = 0; i < n && o + 48 < len; i++) {
-        if (ops[i].phase == PH_DONE || (ops[i].prev && ops[i].prev->phase != PH_DONE)) {
+        if (!op_active(&ops[i])) {
             continue;
         }
         char p[160];
@@ -286,7 +293,7 @@ static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, 
     int np = 0, shm_pending = 0;
     for (int i = 0; i < n && np < 64; i++) {
         dshim_xfer_op_t *op = &ops[i];
-        if (op->phase == PH_DONE || (op->prev && op->prev->phase != PH_DONE)) {
+        if (!op_active(op)) {
             continue;
         }
         if (op->phase == PH_BODY && op->done < op->len && op->done >= limit_of(op)) {
@@ -477,7 +484,7 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             /* data may have arrived just before the peer left: try once more */
             int moved2 = 0;
             for (int i = 0; i < n && !moved2; i++) {
-                if (ops[i].phase != PH_DONE && !(ops[i].prev && ops[i].prev->phase != PH_DONE)) {
+                if (op_active(&ops[i])) {
                     if (progress_op(comm, sig, &ops[i], esize, &moved2) != DSHIM_OK) {
                         break;
                     }
