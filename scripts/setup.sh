@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake pkg-config libzmq3-dev libunwind-dev libelf-dev check
-              openmpi-bin libopenmpi-dev iproute2 valgrind python3-venv procps)
+              openmpi-bin libopenmpi-dev iproute2 valgrind python3-venv procps
+              openssh-server openssh-client rsync slurm-wlm munge)
 TORCH_VERSION=2.11.0
 
 SUDO=""

@@ -20,7 +20,7 @@ typedef struct dshim_config {
 #undef DSHIM_PARAM
 #undef DSHIM_FOREIGN
     /* which fields were set from the environment (index = table row) */
-    unsigned char from_env[64];
+    unsigned char from_env[128];
 } dshim_config_t;
 
 /* Parses the environment once (thread-safe); later calls return the same

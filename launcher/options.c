@@ -1,0 +1,393 @@
+/*
+ * Command-line options in both dialects users bring: torchrun's
+ * (--nnodes/--nproc-per-node/..., dashes or underscores) and MXNet
+ * tools/launch.py's (-n/-s/-H/--launcher/--sync-dst-dir).  The first word
+ * that is not an option starts the user's command; everything after it is
+ * the command's own.  Contradictions are refused here, before anything runs.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "run.h"
+
+void run_print_usage(void)
+{
+    fputs(
+        "usage: dshim-run [options] (train.py | -m module | program) [args...]\n"
+        "\n"
+        "torchrun style (one process per rank; RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR... set):\n"
+        "  --nnodes N                 number of nodes (default 1, or every host of -H)\n"
+        "  --nproc-per-node N|cpu|auto  processes per node (default 1)\n"
+        "  --node-rank R              this node's rank when dshim-run is started on every node\n"
+        "  --master-addr HOST         rank 0's host (default: loopback, or this host's address)\n"
+        "  --master-port PORT         rank 0's port (default 29500; 0 = pick a free one)\n"
+        "  --rdzv-endpoint HOST:PORT  same as --master-addr/--master-port\n"
+        "  --rdzv-id ID               job id (TORCHELASTIC_RUN_ID)\n"
+        "  --standalone               single node, free port\n"
+        "  -m, --module               run the program as a Python module (python -m)\n"
+        "  --no-python                run the program as is, even a .py file\n"
+        "  --legacy-local-rank-arg    pass --local-rank=N to the script (torch.distributed.launch)\n"
+        "  --legacy-local-rank-arg-underscore  pass --local_rank=N instead\n"
+        "\n"
+        "MXNet launch.py style (a scheduler, S servers and N workers; DMLC_* set):\n"
+        "  -n, --num-workers N        number of workers\n"
+        "  -s, --num-servers S        number of servers (default N)\n"
+        "\n"
+        "both:\n"
+        "  -H, --hostfile FILE        hosts, one host[:ssh-port] per line\n"
+        "  --launcher local|ssh|mpi|slurm  how processes reach hosts (default: ssh with -H, else local)\n"
+        "  --sync-dst-dir DIR         rsync this directory to DIR on every host first; run there\n"
+        "  --max-restarts K           restart the whole job up to K times after a failure\n"
+        "  --log-dir DIR              also write each process's output to DIR/<role><rank>.log\n"
+        "  --quiet-others             show only rank 0 (worker 0) on the terminal\n"
+        "  --no-preload               do not put libdshim.so in LD_PRELOAD (frameworks' own transport)\n"
+        "  --dry-run                  print what would run (hosts, environment, commands) and exit\n"
+        "  --print-config             print every DSHIM_* variable with its default and help\n"
+        "  -h, --help                 this text\n"
+        "\n"
+        "Environment: DSHIM_RUN_SSH, DSHIM_RUN_MPIRUN, DSHIM_RUN_SRUN, DSHIM_RUN_RSYNC, DSHIM_RUN_PYTHON,\n"
+        "DSHIM_RUN_KILL_GRACE (see --print-config and docs/launcher.md).\n",
+        stdout);
+}
+
+static long parse_int(const char *opt, const char *val, long lo, long hi)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(val, &end, 10);
+    if (val[0] == '\0' || *end != '\0' || errno != 0 || v < lo || v > hi) {
+        if (strchr(val, ':') && strcmp(opt, "--nnodes") == 0) {
+            run_usage_error("--nnodes %s: elastic node ranges are not supported; give a fixed number of nodes", val);
+        }
+        run_usage_error("%s %s: expected a whole number from %ld to %ld", opt, val, lo, hi);
+    }
+    return v;
+}
+
+static int count_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static int count_gpus(void)
+{
+    int n = 0;
+    char path[32];
+    for (int i = 0; i < 64; i++) {
+        snprintf(path, sizeof(path), "/dev/nvidia%d", i);
+        if (access(path, F_OK) == 0) {
+            n++;
+        }
+    }
+    return n;
+}
+
+static int parse_nproc(const char *val)
+{
+    if (strcmp(val, "cpu") == 0) {
+        return count_cpus();
+    }
+    if (strcmp(val, "gpu") == 0 || strcmp(val, "auto") == 0) {
+        int g = count_gpus();
+        if (g == 0 && strcmp(val, "gpu") == 0) {
+            run_usage_error("--nproc-per-node gpu: no GPU found on this machine; give a number");
+        }
+        return g > 0 ? g : count_cpus();
+    }
+    return (int)parse_int("--nproc-per-node", val, 1, 4096);
+}
+
+/* Options taking a value; the rest are flags.  Names are normalised ('_' -> '-'). */
+static const char *const valued[] = {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr",
+                                     "--master-port", "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend",
+                                     "--num-workers", "--num-servers", "--hostfile", "--launcher",
+                                     "--sync-dst-dir", "--max-restarts", "--log-dir", NULL};
+
+static bool takes_value(const char *name)
+{
+    for (int i = 0; valued[i]; i++) {
+        if (strcmp(valued[i], name) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static const char *short_to_long(char c)
+{
+    switch (c) {
+    case 'n': return "--num-workers";
+    case 's': return "--num-servers";
+    case 'H': return "--hostfile";
+    case 'm': return "--module";
+    case 'h': return "--help";
+    default: return NULL;
+    }
+}
+
+typedef struct {
+    bool torch_only;  /* some torchrun-only option seen (name kept for messages) */
+    const char *torch_name;
+} seen_t;
+
+static void apply(run_opts_t *o, seen_t *seen, const char *name, const char *val)
+{
+    static const char *const torch_opts[] = {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr",
+                                             "--master-port", "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend",
+                                             "--standalone", "--module", "--no-python",
+                                             "--legacy-local-rank-arg", "--legacy-local-rank-arg-underscore",
+                                             NULL};
+    for (int i = 0; torch_opts[i]; i++) {
+        if (strcmp(name, torch_opts[i]) == 0) {
+            seen->torch_only = true;
+            seen->torch_name = torch_opts[i];
+        }
+    }
+    if (strcmp(name, "--nnodes") == 0) {
+        o->nnodes = (int)parse_int(name, val, 1, 65536);
+    } else if (strcmp(name, "--nproc-per-node") == 0) {
+        o->nproc_per_node = parse_nproc(val);
+    } else if (strcmp(name, "--node-rank") == 0) {
+        o->node_rank = (int)parse_int(name, val, 0, 65535);
+    } else if (strcmp(name, "--master-addr") == 0) {
+        if (!run_host_name_ok(val) || strchr(val, '@')) {
+            run_usage_error("--master-addr '%s' is not a host name or IPv4 address", val);
+        }
+        o->master_addr = run_xstrdup(val);
+    } else if (strcmp(name, "--master-port") == 0) {
+        o->master_port = (int)parse_int(name, val, 0, 65535);
+    } else if (strcmp(name, "--rdzv-endpoint") == 0) {
+        const char *colon = strrchr(val, ':');
+        char *host = colon ? strndup(val, (size_t)(colon - val)) : strdup(val);
+        apply(o, seen, "--master-addr", host);
+        free(host);
+        if (colon) {
+            o->master_port = (int)parse_int(name, colon + 1, 0, 65535);
+        }
+    } else if (strcmp(name, "--rdzv-id") == 0) {
+        o->rdzv_id = run_xstrdup(val);
+    } else if (strcmp(name, "--rdzv-backend") == 0) {
+        if (strcmp(val, "static") != 0 && strcmp(val, "c10d") != 0) {
+            run_usage_error("--rdzv-backend %s: dshim-run does its own rendezvous; use static or c10d (both mean "
+                            "the same here)", val);
+        }
+    } else if (strcmp(name, "--standalone") == 0) {
+        o->standalone = true;
+    } else if (strcmp(name, "--module") == 0) {
+        o->module = true;
+    } else if (strcmp(name, "--no-python") == 0) {
+        o->no_python = true;
+    } else if (strcmp(name, "--legacy-local-rank-arg") == 0) {
+        o->legacy_local_rank_arg = 1;
+    } else if (strcmp(name, "--legacy-local-rank-arg-underscore") == 0) {
+        o->legacy_local_rank_arg = 2;
+    } else if (strcmp(name, "--num-workers") == 0) {
+        o->num_workers = (int)parse_int("-n/--num-workers", val, 1, 65536);
+    } else if (strcmp(name, "--num-servers") == 0) {
+        o->num_servers = (int)parse_int("-s/--num-servers", val, 0, 65536);
+    } else if (strcmp(name, "--hostfile") == 0) {
+        o->hostfile = run_xstrdup(val);
+    } else if (strcmp(name, "--launcher") == 0) {
+        o->launcher_given = true;
+        if (strcmp(val, "local") == 0) {
+            o->launcher = RUN_LAUNCHER_LOCAL;
+        } else if (strcmp(val, "ssh") == 0) {
+            o->launcher = RUN_LAUNCHER_SSH;
+        } else if (strcmp(val, "mpi") == 0) {
+            o->launcher = RUN_LAUNCHER_MPI;
+        } else if (strcmp(val, "slurm") == 0) {
+            o->launcher = RUN_LAUNCHER_SLURM;
+        } else if (strcmp(val, "sge") == 0 || strcmp(val, "yarn") == 0) {
+            run_usage_error("--launcher %s is not supported: inside an SGE job use --launcher mpi (Open MPI reads "
+                            "the SGE allocation); on YARN run dshim-run per container (docs/launcher.md)", val);
+        } else {
+            run_usage_error("--launcher %s: expected local, ssh, mpi or slurm", val);
+        }
+    } else if (strcmp(name, "--sync-dst-dir") == 0) {
+        o->sync_dst_dir = run_xstrdup(val);
+    } else if (strcmp(name, "--max-restarts") == 0) {
+        o->max_restarts = (int)parse_int(name, val, 0, 1000);
+    } else if (strcmp(name, "--log-dir") == 0) {
+        o->log_dir = run_xstrdup(val);
+    } else if (strcmp(name, "--no-preload") == 0) {
+        o->no_preload = true;
+    } else if (strcmp(name, "--quiet-others") == 0) {
+        o->quiet_others = true;
+    } else if (strcmp(name, "--dry-run") == 0) {
+        o->dry_run = true;
+    } else if (strcmp(name, "--help") == 0) {
+        run_print_usage();
+        exit(0);
+    } else if (strcmp(name, "--print-config") == 0) {
+        dshim_config_print(stdout, 0);
+        exit(0);
+    } else {
+        run_usage_error("unknown option %s; see dshim-run --help", name);
+    }
+}
+
+static void validate(run_opts_t *o, const seen_t *seen)
+{
+    if (o->ncmd == 0) {
+        run_usage_error("no program given; usage: dshim-run [options] train.py [args...] (see --help)");
+    }
+    if (o->num_servers >= 0 && o->num_workers < 0) {
+        run_usage_error("-s/--num-servers needs -n/--num-workers (MXNet launch.py style)");
+    }
+    if (o->num_workers >= 0) {
+        if (seen->torch_only) {
+            run_usage_error("%s is a torchrun-style option and -n/--num-workers a launch.py-style one; use one style",
+                            seen->torch_name);
+        }
+        o->style = RUN_STYLE_MXNET;
+        if (o->num_servers < 0) {
+            o->num_servers = o->num_workers;  /* launch.py's default */
+        }
+    }
+    if (o->hostfile) {
+        run_read_hostfile(o->hostfile, &o->hosts, &o->nhosts);
+    }
+    if (!o->launcher_given) {
+        o->launcher = o->hostfile ? RUN_LAUNCHER_SSH : RUN_LAUNCHER_LOCAL;
+    }
+    if (o->launcher == RUN_LAUNCHER_LOCAL && o->hostfile) {
+        run_usage_error("--launcher local runs everything on this machine but -H %s names hosts; drop one of them",
+                        o->hostfile);
+    }
+    if (o->launcher == RUN_LAUNCHER_SSH && !o->hostfile) {
+        run_usage_error("--launcher ssh needs a hostfile: -H FILE with one host[:port] per line");
+    }
+    if (o->launcher == RUN_LAUNCHER_SLURM && o->hostfile) {
+        run_usage_error("--launcher slurm takes its hosts from the Slurm allocation; drop -H %s", o->hostfile);
+    }
+    if (o->sync_dst_dir) {
+        if (o->launcher != RUN_LAUNCHER_SSH) {
+            run_usage_error("--sync-dst-dir copies to the hosts of --launcher ssh; it has no meaning with this "
+                            "launcher");
+        }
+        if (o->sync_dst_dir[0] != '/') {
+            run_usage_error("--sync-dst-dir %s: give an absolute path (it is used on every host)", o->sync_dst_dir);
+        }
+    }
+    if (o->style == RUN_STYLE_MXNET) {
+        return;
+    }
+    /* torchrun style */
+    if (o->module && o->no_python) {
+        run_usage_error("-m/--module and --no-python contradict each other; use one");
+    }
+    if (o->nproc_per_node < 0) {
+        o->nproc_per_node = 1;
+    }
+    if (o->standalone) {
+        if (o->nnodes > 1 || o->hostfile || o->master_addr || o->node_rank > 0) {
+            run_usage_error("--standalone is a single-node job on this machine; drop --nnodes/--node-rank/"
+                            "--master-addr/-H or drop --standalone");
+        }
+        o->nnodes = 1;
+        if (o->master_port < 0) {
+            o->master_port = 0;
+        }
+    }
+    if (o->hostfile) {
+        if (o->node_rank >= 0) {
+            run_usage_error("with -H dshim-run starts every node itself; drop --node-rank (it is for starting "
+                            "dshim-run on each node by hand)");
+        }
+        if (o->nnodes < 0) {
+            o->nnodes = o->nhosts;
+        }
+        if (o->nnodes > o->nhosts && o->launcher != RUN_LAUNCHER_MPI) {
+            run_usage_error("--nnodes %d but hostfile '%s' lists %d host(s); list more hosts or lower --nnodes",
+                            o->nnodes, o->hostfile, o->nhosts);
+        }
+    }
+    if (o->nnodes < 0) {
+        o->nnodes = 1;
+    }
+    if (o->node_rank >= 0 && o->node_rank >= o->nnodes) {
+        run_usage_error("--node-rank %d must be below --nnodes %d (node ranks count from 0)", o->node_rank,
+                        o->nnodes);
+    }
+    bool per_node = o->nnodes > 1 && !o->hostfile && o->launcher == RUN_LAUNCHER_LOCAL;
+    if (per_node && (o->master_addr == NULL || o->node_rank < 0)) {
+        run_usage_error("--nnodes %d without a hostfile means dshim-run runs on every node: give each the same "
+                        "--master-addr (node 0's address) and its own --node-rank; or pass -H hostfile and start it "
+                        "once", o->nnodes);
+    }
+    if (o->node_rank < 0) {
+        o->node_rank = 0;
+    }
+    if (o->launcher == RUN_LAUNCHER_MPI && o->nnodes > 1 && !o->hostfile) {
+        run_usage_error("--launcher mpi with --nnodes %d needs -H hostfile to place the nodes", o->nnodes);
+    }
+}
+
+void run_parse_options(int argc, char **argv, run_opts_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->nnodes = o->nproc_per_node = o->node_rank = -1;
+    o->master_port = -1;
+    o->num_workers = o->num_servers = -1;
+    seen_t seen = {0};
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (a[0] != '-' || a[1] == '\0') {
+            break;
+        }
+        char name[64];
+        const char *val = NULL;
+        if (a[1] != '-') {
+            const char *l = short_to_long(a[1]);
+            if (l == NULL) {
+                run_usage_error("unknown option %s; see dshim-run --help", a);
+            }
+            snprintf(name, sizeof(name), "%s", l);
+            if (a[2] != '\0') {
+                if (!takes_value(name)) {
+                    run_usage_error("unknown option %s; see dshim-run --help", a);
+                }
+                val = a + 2;
+            }
+        } else {
+            const char *eq = strchr(a, '=');
+            size_t len = eq ? (size_t)(eq - a) : strlen(a);
+            if (len >= sizeof(name)) {
+                run_usage_error("unknown option %.40s...; see dshim-run --help", a);
+            }
+            memcpy(name, a, len);
+            name[len] = '\0';
+            for (char *p = name + 2; *p; p++) {
+                if (*p == '_') {
+                    *p = '-';
+                }
+            }
+            if (eq) {
+                if (!takes_value(name)) {
+                    run_usage_error("option %s takes no value (got '%s')", name, eq + 1);
+                }
+                val = eq + 1;
+            }
+        }
+        if (takes_value(name) && val == NULL) {
+            if (i + 1 >= argc) {
+                run_usage_error("option %s needs a value", a);
+            }
+            val = argv[++i];
+        }
+        apply(o, &seen, name, val);
+    }
+    o->cmd = argv + i;
+    o->ncmd = argc - i;
+    validate(o, &seen);
+}

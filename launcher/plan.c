@@ -1,0 +1,646 @@
+/*
+ * The plan: from the options, decide every process of the job — name, host,
+ * command line, environment — and the job-wide variables (rendezvous
+ * addresses and ports, token, LD_PRELOAD).  The environment is what torchrun
+ * or the dmlc tracker would give, plus dshim's own rendezvous variables.
+ * All checks that can be done before starting anything happen here
+ * (missing script, port in use, missing libdshim.so) and exit 2.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "child.h"
+#include "config.h"
+#include "net.h"
+#include "run.h"
+
+extern char **environ;
+
+/* ---- ports and addresses ---------------------------------------------- */
+
+static bool port_free(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return false;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    bool ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+static int pick_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof(a);
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0) {
+        port = ntohs(a.sin_port);
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    if (port <= 0) {
+        run_usage_error("cannot find a free TCP port on this host: %s", strerror(errno));
+    }
+    return port;
+}
+
+static const char *strip_user(const char *host)
+{
+    const char *at = strchr(host, '@');
+    return at ? at + 1 : host;
+}
+
+/* This machine's address as the other hosts of the job reach it. */
+static char *this_host_addr(const run_opts_t *o, bool single_host)
+{
+    if (single_host) {
+        return run_xstrdup("127.0.0.1");
+    }
+    const char *toward = NULL;
+    for (int i = 0; i < o->nhosts && !toward; i++) {
+        if (!o->hosts[i].local) {
+            toward = strip_user(o->hosts[i].name);
+        }
+    }
+    struct in_addr a;
+    char why[256] = "";
+    if (toward) {
+        if (dshim_net_pick_local_addr(toward, &a, why, sizeof(why)) != DSHIM_OK) {
+            run_usage_error("cannot choose this host's address toward %s: %s; set DSHIM_SOCKET_IFNAME or "
+                            "--master-addr", toward, dshim_last_error());
+        }
+        return run_xstrdup(inet_ntoa(a));
+    }
+    /* No peer to route toward (mpirun/srun place the processes): this host's name. */
+    char name[256];
+    if (gethostname(name, sizeof(name)) == 0) {
+        name[sizeof(name) - 1] = '\0';
+        if (dshim_net_resolve(name, &a) == DSHIM_OK && (ntohl(a.s_addr) >> 24) != 127) {
+            return run_xstrdup(inet_ntoa(a));
+        }
+    }
+    run_usage_error("cannot tell which address the other nodes reach this host at (its name resolves to "
+                    "loopback); pass --master-addr or set DSHIM_SOCKET_IFNAME");
+}
+
+static bool addr_is_local(const char *host)
+{
+    struct in_addr a;
+    if (dshim_net_resolve(host, &a) != DSHIM_OK) {
+        return false;
+    }
+    if ((ntohl(a.s_addr) >> 24) == 127) {
+        return true;
+    }
+    /* binding succeeds only on one of our own addresses */
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr = a};
+    bool local = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    if (fd >= 0) {
+        close(fd);
+    }
+    return local;
+}
+
+/* ---- environment --------------------------------------------------------- */
+
+/* Variables never copied to other hosts: they describe this login session or
+ * this launcher's own place in a resource manager, and would mislead there. */
+static bool not_forwarded(const char *kv)
+{
+    static const char *const exact[] = {"HOSTNAME", "HOST", "HOME", "USER", "LOGNAME", "SHELL", "MAIL", "PWD",
+                                        "OLDPWD", "SHLVL", "_", "TERM", "TERMCAP", "DISPLAY", "COLUMNS",
+                                        "LINES", "STY", "WINDOW", "LS_COLORS", "DSHIM_RUN_SPEC", NULL};
+    static const char *const prefix[] = {"SSH_", "XDG_", "TMUX", "OMPI_", "PMI_", "PMIX_", "SLURM_", "SLURMD_",
+                                         "SRUN_", NULL};
+    const char *eq = strchr(kv, '=');
+    size_t klen = eq ? (size_t)(eq - kv) : strlen(kv);
+    for (int i = 0; exact[i]; i++) {
+        if (strlen(exact[i]) == klen && strncmp(kv, exact[i], klen) == 0) {
+            return true;
+        }
+    }
+    for (int i = 0; prefix[i]; i++) {
+        if (strncmp(kv, prefix[i], strlen(prefix[i])) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static char *random_token(void)
+{
+    unsigned char raw[16];
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read(fd, raw, sizeof(raw)) != (ssize_t)sizeof(raw)) {
+        run_usage_error("cannot read /dev/urandom for the job token: %s", strerror(errno));
+    }
+    close(fd);
+    char *hex = run_xmalloc(2 * sizeof(raw) + 1);
+    for (size_t i = 0; i < sizeof(raw); i++) {
+        sprintf(hex + 2 * i, "%02x", raw[i]);
+    }
+    return hex;
+}
+
+/* ---- the program --------------------------------------------------------- */
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+static char *find_python(void)
+{
+    const char *forced = dshim_config()->run_python;
+    if (forced && forced[0]) {
+        char *p = run_which(forced);
+        if (p == NULL) {
+            run_usage_error("DSHIM_RUN_PYTHON=%s is not an executable; fix or unset it", forced);
+        }
+        return p;
+    }
+    char *p = run_which("python3");
+    if (p == NULL) {
+        p = run_which("python");
+    }
+    if (p == NULL) {
+        run_usage_error("no python3 on PATH to run the script; activate your environment or set DSHIM_RUN_PYTHON");
+    }
+    /* keep the venv's own path (not the symlink target): it selects site-packages */
+    return p;
+}
+
+static void check_script(const char *script)
+{
+    struct stat sb;
+    if (stat(script, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        char cwd[4096] = "?";
+        if (getcwd(cwd, sizeof(cwd)) == NULL) {
+            snprintf(cwd, sizeof(cwd), "?");
+        }
+        run_usage_error("script '%s' not found (looked in %s); check the path", script, cwd);
+    }
+}
+
+static void check_program(const char *prog)
+{
+    char *p = run_which(prog);
+    if (p == NULL) {
+        run_usage_error("program '%s' not found%s; check the name or give a path", prog,
+                        strchr(prog, '/') ? " or not executable" : " on PATH");
+    }
+    free(p);
+}
+
+/* The argv every process runs, with "@LOCAL_RANK@" standing for the legacy argument. */
+static void base_argv(run_opts_t *o, run_strv_t *argv, int *legacy_at)
+{
+    *legacy_at = -1;
+    if (o->style == RUN_STYLE_MXNET || o->no_python) {
+        check_program(o->cmd[0]);
+        if (o->ncmd > 1 && strstr(o->cmd[0], "python") && ends_with(o->cmd[1], ".py")) {
+            check_script(o->cmd[1]);
+        }
+        for (int i = 0; i < o->ncmd; i++) {
+            run_strv_add(argv, o->cmd[i]);
+        }
+        return;
+    }
+    bool is_py = o->module || ends_with(o->cmd[0], ".py");
+    if (!is_py) {
+        check_program(o->cmd[0]);
+        for (int i = 0; i < o->ncmd; i++) {
+            run_strv_add(argv, o->cmd[i]);
+        }
+        return;
+    }
+    char *py = find_python();
+    run_strv_add(argv, py);
+    free(py);
+    if (o->module) {
+        run_strv_add(argv, "-m");
+    } else {
+        check_script(o->cmd[0]);
+    }
+    run_strv_add(argv, o->cmd[0]);
+    if (o->legacy_local_rank_arg) {
+        *legacy_at = argv->n;
+        run_strv_add(argv, "@LOCAL_RANK@");
+    }
+    for (int i = 1; i < o->ncmd; i++) {
+        run_strv_add(argv, o->cmd[i]);
+    }
+}
+
+/* ---- building ------------------------------------------------------------ */
+
+typedef struct {
+    run_strv_t env;
+} proc_env_t;
+
+static run_proc_t *add_proc(run_plan_t *plan, int *cap, const char *name, const char *file, int host, bool shown)
+{
+    if (plan->nprocs == *cap) {
+        *cap = *cap ? *cap * 2 : 16;
+        plan->procs = realloc(plan->procs, (size_t)*cap * sizeof(*plan->procs));
+        if (plan->procs == NULL) {
+            run_usage_error("out of memory");
+        }
+    }
+    run_proc_t *p = &plan->procs[plan->nprocs++];
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "%s", name);
+    snprintf(p->file, sizeof(p->file), "%s", file);
+    p->host = host;
+    p->shown = shown;
+    return p;
+}
+
+static void set_proc_vectors(run_proc_t *p, run_strv_t *env, run_strv_t *argv)
+{
+    p->env = run_strv_terminated(env);
+    p->nenv = env->n;
+    p->argv = run_strv_terminated(argv);
+    p->nargv = argv->n;
+}
+
+static void add_group(run_plan_t *plan, run_agent_kind_t kind, int host, int first, int count, int nnodes,
+                      int per_node)
+{
+    plan->groups = realloc(plan->groups, (size_t)(plan->ngroups + 1) * sizeof(*plan->groups));
+    if (plan->groups == NULL) {
+        run_usage_error("out of memory");
+    }
+    plan->groups[plan->ngroups++] = (run_group_t){kind, host, first, count, nnodes, per_node};
+}
+
+static run_agent_kind_t kind_for_host(const run_opts_t *o, int host)
+{
+    if (o->launcher == RUN_LAUNCHER_SSH && host >= 0 && !o->hosts[host].local) {
+        return RUN_AGENT_SSH;
+    }
+    return RUN_AGENT_LOCAL;
+}
+
+static void torch_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, const run_strv_t *argv0,
+                        int legacy_at, bool per_node_mode, int attempt)
+{
+    int nproc = o->nproc_per_node;
+    int world = o->nnodes * nproc;
+    run_strv_setenv(common, "WORLD_SIZE", "%d", world);
+    run_strv_setenv(common, "GROUP_WORLD_SIZE", "%d", o->nnodes);
+    run_strv_setenv(common, "ROLE_WORLD_SIZE", "%d", world);
+    run_strv_setenv(common, "LOCAL_WORLD_SIZE", "%d", nproc);
+    run_strv_setenv(common, "ROLE_NAME", "default");
+    run_strv_setenv(common, "TORCHELASTIC_RESTART_COUNT", "%d", attempt);
+    run_strv_setenv(common, "TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
+    run_strv_setenv(common, "TORCHELASTIC_RUN_ID", "%s", o->rdzv_id ? o->rdzv_id : "none");
+    /* rank 0 hosts torch's TCPStore itself: dshim-run is not a torch store */
+    run_strv_setenv(common, "TORCHELASTIC_USE_AGENT_STORE", "False");
+    run_strv_setenv(common, "TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+    const dshim_config_t *cfg = dshim_config();
+    if (!dshim_config_is_set("TORCH_NCCL_ASYNC_ERROR_HANDLING")) {
+        run_strv_setenv(common, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+    }
+    if (!dshim_config_is_set("OMP_NUM_THREADS") && nproc > 1) {
+        run_strv_setenv(common, "OMP_NUM_THREADS", "1");
+        if (attempt == 0 && !o->dry_run) {
+            run_say("setting OMP_NUM_THREADS=1 for each process (as torchrun does); set it yourself to tune");
+        }
+    }
+    (void)cfg;
+    int node_lo = per_node_mode ? o->node_rank : 0;
+    int node_hi = per_node_mode ? o->node_rank + 1 : o->nnodes;
+    int cap = 0;
+    for (int node = node_lo; node < node_hi; node++) {
+        int host = (o->launcher == RUN_LAUNCHER_SSH) ? node : -1;
+        int first = plan->nprocs;
+        for (int l = 0; l < nproc; l++) {
+            int rank = node * nproc + l;
+            char name[32], file[32];
+            snprintf(name, sizeof(name), "rank %d", rank);
+            snprintf(file, sizeof(file), "rank%d", rank);
+            run_proc_t *p = add_proc(plan, &cap, name, file, host, rank == 0);
+            run_strv_t env = {0}, argv = {0};
+            run_strv_setenv(&env, "RANK", "%d", rank);
+            run_strv_setenv(&env, "LOCAL_RANK", "%d", l);
+            run_strv_setenv(&env, "GROUP_RANK", "%d", node);
+            run_strv_setenv(&env, "ROLE_RANK", "%d", rank);
+            /* torch's @record writes a failing rank's exception here; the agent makes the directory */
+            run_strv_setenv(&env, "TORCHELASTIC_ERROR_FILE", "/tmp/dshim-run-%d/attempt_%d/%d/error.json",
+                            (int)getpid(), attempt, rank);
+            for (int i = 0; i < argv0->n; i++) {
+                if (i == legacy_at) {
+                    run_strv_addf(&argv, "--local%srank=%d", o->legacy_local_rank_arg == 2 ? "_" : "-", l);
+                } else {
+                    run_strv_add(&argv, argv0->v[i]);
+                }
+            }
+            set_proc_vectors(p, &env, &argv);
+        }
+        if (o->launcher == RUN_LAUNCHER_LOCAL || o->launcher == RUN_LAUNCHER_SSH) {
+            add_group(plan, kind_for_host(o, host), host, first, nproc, 1, nproc);
+        }
+    }
+    if (o->launcher == RUN_LAUNCHER_MPI || o->launcher == RUN_LAUNCHER_SLURM) {
+        add_group(plan, o->launcher == RUN_LAUNCHER_MPI ? RUN_AGENT_MPI : RUN_AGENT_SLURM, -1, 0, plan->nprocs,
+                  o->nnodes, nproc);
+    } else if (o->launcher == RUN_LAUNCHER_LOCAL && plan->ngroups > 1) {
+        /* all on this machine: one agent */
+        plan->ngroups = 1;
+        plan->groups[0].count = plan->nprocs;
+    }
+}
+
+static void mxnet_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, const run_strv_t *argv0,
+                        const char *root_uri, int root_port)
+{
+    int S = o->num_servers, N = o->num_workers;
+    run_strv_setenv(common, "DMLC_PS_ROOT_URI", "%s", root_uri);
+    run_strv_setenv(common, "DMLC_PS_ROOT_PORT", "%d", root_port);
+    run_strv_setenv(common, "DMLC_NUM_SERVER", "%d", S);
+    run_strv_setenv(common, "DMLC_NUM_WORKER", "%d", N);
+    int cap = 0;
+    /* The scheduler runs here, as the dmlc tracker runs it. */
+    run_proc_t *sch = add_proc(plan, &cap, "scheduler", "scheduler", -1, false);
+    {
+        run_strv_t env = {0}, argv = {0};
+        run_strv_setenv(&env, "DMLC_ROLE", "scheduler");
+        for (int i = 0; i < argv0->n; i++) {
+            run_strv_add(&argv, argv0->v[i]);
+        }
+        set_proc_vectors(sch, &env, &argv);
+    }
+    add_group(plan, RUN_AGENT_LOCAL, -1, 0, 1, 1, 1);
+    /* Servers first, then workers; with hosts, process i goes to hosts[i % nhosts] (ssh tracker). */
+    int total = S + N;
+    int nh = (o->launcher == RUN_LAUNCHER_SSH) ? o->nhosts : 1;
+    for (int h = 0; h < nh; h++) {
+        int first = plan->nprocs;
+        for (int i = 0; i < total; i++) {
+            if (o->launcher == RUN_LAUNCHER_SSH && i % o->nhosts != h) {
+                continue;
+            }
+            bool server = i < S;
+            int r = server ? i : i - S;
+            char name[32], file[32];
+            snprintf(name, sizeof(name), "%s %d", server ? "server" : "worker", r);
+            snprintf(file, sizeof(file), "%s%d", server ? "server" : "worker", r);
+            int host = o->launcher == RUN_LAUNCHER_SSH ? h : -1;
+            run_proc_t *p = add_proc(plan, &cap, name, file, host, !server && r == 0);
+            run_strv_t env = {0}, argv = {0};
+            run_strv_setenv(&env, "DMLC_ROLE", server ? "server" : "worker");
+            if (o->launcher == RUN_LAUNCHER_SSH) {
+                run_strv_setenv(&env, "DMLC_NODE_HOST", "%s", strip_user(o->hosts[h].name));
+            } else if (o->launcher == RUN_LAUNCHER_LOCAL) {
+                run_strv_setenv(&env, "DMLC_TASK_ID", "%d", i);
+                run_strv_setenv(&env, "DMLC_JOB_CLUSTER", "local");
+            }
+            for (int k = 0; k < argv0->n; k++) {
+                run_strv_add(&argv, argv0->v[k]);
+            }
+            set_proc_vectors(p, &env, &argv);
+        }
+        int count = plan->nprocs - first;
+        if (count == 0) {
+            continue;
+        }
+        if (o->launcher == RUN_LAUNCHER_SSH || o->launcher == RUN_LAUNCHER_LOCAL) {
+            add_group(plan, kind_for_host(o, o->launcher == RUN_LAUNCHER_SSH ? h : -1),
+                      o->launcher == RUN_LAUNCHER_SSH ? h : -1, first, count, 1, count);
+        } else {
+            add_group(plan, o->launcher == RUN_LAUNCHER_MPI ? RUN_AGENT_MPI : RUN_AGENT_SLURM, -1, first, count,
+                      o->nhosts > 0 ? o->nhosts : 1, 0);
+        }
+    }
+    if (o->launcher == RUN_LAUNCHER_LOCAL) {
+        /* scheduler, servers and workers: one local agent */
+        plan->ngroups = 1;
+        plan->groups[0].count = plan->nprocs;
+    }
+}
+
+static char *self_exe(void)
+{
+    char *p = realpath("/proc/self/exe", NULL);
+    if (p == NULL) {
+        run_usage_error("cannot find dshim-run's own path: %s", strerror(errno));
+    }
+    return p;
+}
+
+static char *find_libdshim(const char *exe)
+{
+    char *dir = run_xstrdup(exe);
+    char *slash = strrchr(dir, '/');
+    if (slash) {
+        *slash = '\0';
+    }
+    char *lib = NULL;
+    if (asprintf(&lib, "%s/../lib/libdshim.so", dir) < 0) {
+        run_usage_error("out of memory");
+    }
+    free(dir);
+    char *real = realpath(lib, NULL);
+    if (real == NULL) {
+        run_usage_error("libdshim.so not found next to dshim-run (expected %s); build it (make) or pass --no-preload",
+                        lib);
+    }
+    free(lib);
+    return real;
+}
+
+void run_build_plan(run_opts_t *o, run_plan_t *plan, int attempt)
+{
+    memset(plan, 0, sizeof(*plan));
+    plan->attempt = attempt;
+    const dshim_config_t *cfg = dshim_config();
+    plan->grace_s = cfg->run_kill_grace_s > 0 ? cfg->run_kill_grace_s : 5.0;
+    char cwd[4096];
+    if (getcwd(cwd, sizeof(cwd)) == NULL) {
+        run_usage_error("cannot read the current directory: %s", strerror(errno));
+    }
+    plan->cwd = run_xstrdup(o->sync_dst_dir ? o->sync_dst_dir : cwd);
+    plan->self_exe = self_exe();
+    if (!o->no_preload) {
+        plan->libdshim = find_libdshim(plan->self_exe);
+    }
+    if (o->launcher == RUN_LAUNCHER_SLURM && (cfg->slurm_job_id == NULL || cfg->slurm_job_id[0] == '\0')) {
+        run_usage_error("--launcher slurm runs inside a Slurm allocation (SLURM_JOB_ID is not set): use "
+                        "salloc ... dshim-run ... or an sbatch script (docs/launcher.md)");
+    }
+
+    bool torch = o->style == RUN_STYLE_TORCH;
+    bool per_node_mode = torch && o->nnodes > 1 && !o->hostfile && o->launcher == RUN_LAUNCHER_LOCAL;
+    bool all_hosts_local = true;
+    for (int i = 0; i < o->nhosts; i++) {
+        all_hosts_local &= o->hosts[i].local;
+    }
+    bool single_host;
+    if (o->launcher == RUN_LAUNCHER_SLURM) {
+        single_host = torch ? o->nnodes == 1 : cfg->slurm_nnodes <= 1;
+    } else {
+        single_host = !per_node_mode && all_hosts_local;
+    }
+    char *here = o->master_addr && per_node_mode ? NULL : this_host_addr(o, single_host);
+
+    run_strv_t common = {0};
+    for (char **e = environ; *e; e++) {
+        if (!not_forwarded(*e)) {
+            run_strv_add(&common, *e);
+        }
+    }
+    if (plan->libdshim) {
+        const char *pre = cfg->ld_preload;
+        if (pre && pre[0]) {
+            run_strv_setenv(&common, "LD_PRELOAD", "%s:%s", pre, plan->libdshim);
+        } else {
+            run_strv_setenv(&common, "LD_PRELOAD", "%s", plan->libdshim);
+        }
+    }
+
+    /* dshim's rendezvous store: hosted by this controller (node 0's when every node runs its own). */
+    plan->host_store = !per_node_mode || o->node_rank == 0;
+    if (cfg->job_token && cfg->job_token[0]) {
+        plan->token = run_xstrdup(cfg->job_token);
+    } else if (per_node_mode) {
+        /* nothing shared between the nodes' launchers but the command line */
+        if (asprintf(&plan->token, "dshim-run:%s:%s:%d", o->rdzv_id ? o->rdzv_id : "none", o->master_addr,
+                     o->master_port) < 0) {
+            run_usage_error("out of memory");
+        }
+    } else {
+        plan->token = random_token();
+    }
+    const char *store_addr;
+    if (per_node_mode) {
+        int mp = o->master_port > 0 ? o->master_port : 29500;
+        plan->store_port = cfg->store_port > 0 ? (int)cfg->store_port : mp + 1;
+        store_addr = o->master_addr;
+    } else {
+        plan->store_port = cfg->store_port > 0 ? (int)cfg->store_port : pick_free_port();
+        store_addr = here;
+    }
+    if (plan->host_store && !port_free(plan->store_port)) {
+        run_usage_error("port %d for dshim's rendezvous store is in use on this host; set DSHIM_STORE_PORT to a "
+                        "free port", plan->store_port);
+    }
+    plan->store_bind = run_xstrdup("");
+    run_strv_setenv(&common, "DSHIM_STORE_ADDR", "%s", store_addr);
+    run_strv_setenv(&common, "DSHIM_STORE_PORT", "%d", plan->store_port);
+    run_strv_setenv(&common, "DSHIM_STORE_EXTERNAL", "1");
+    run_strv_setenv(&common, "DSHIM_JOB_TOKEN", "%s", plan->token);
+
+    run_strv_t argv0 = {0};
+    int legacy_at = -1;
+    base_argv(o, &argv0, &legacy_at);
+
+    if (torch) {
+        const char *maddr = o->master_addr;
+        bool master_local;
+        if (maddr) {
+            master_local = addr_is_local(maddr);
+        } else if (o->hostfile && !o->hosts[0].local) {
+            maddr = strip_user(o->hosts[0].name);
+            master_local = false;
+        } else {
+            maddr = here;
+            master_local = true;
+        }
+        int mport = o->master_port < 0 ? 29500 : o->master_port;
+        bool checks_here = master_local && (!per_node_mode || o->node_rank == 0);
+        if (mport == 0) {
+            if (!master_local) {
+                run_usage_error("--master-port 0 (pick a free port) only works when rank 0 runs on this host; "
+                                "give a port");
+            }
+            mport = pick_free_port();
+        } else if (checks_here && !port_free(mport)) {
+            run_usage_error("master port %d is in use on this host (another job?); pass --master-port with a free "
+                            "port, or 0 to pick one", mport);
+        }
+        run_strv_setenv(&common, "MASTER_ADDR", "%s", maddr);
+        run_strv_setenv(&common, "MASTER_PORT", "%d", mport);
+        torch_procs(o, plan, &common, &argv0, legacy_at, per_node_mode, attempt);
+    } else {
+        int root_port = -1;
+        for (int p = 9091; p <= 9999 && root_port < 0; p++) {
+            if (port_free(p)) {
+                root_port = p;  /* the dmlc tracker's range */
+            }
+        }
+        if (root_port < 0) {
+            root_port = pick_free_port();
+        }
+        mxnet_procs(o, plan, &common, &argv0, here, root_port);
+    }
+    plan->env = run_strv_terminated(&common);
+    plan->nenv = common.n;
+    run_strv_free(&argv0);
+    free(here);
+}
+
+static const char *kind_name(run_agent_kind_t k)
+{
+    switch (k) {
+    case RUN_AGENT_LOCAL: return "local";
+    case RUN_AGENT_SSH: return "ssh";
+    case RUN_AGENT_MPI: return "mpirun";
+    default: return "srun";
+    }
+}
+
+void run_print_plan(const run_opts_t *o, const run_plan_t *plan)
+{
+    printf("cwd: %s\n", plan->cwd);
+    printf("job environment:\n");
+    static const char *const shown_prefixes[] = {"DSHIM_", "MASTER_", "WORLD_SIZE", "GROUP_", "ROLE_", "LOCAL_",
+                                                 "TORCH", "OMP_NUM_THREADS", "DMLC_", "LD_PRELOAD", NULL};
+    for (int i = 0; i < plan->nenv; i++) {
+        for (int k = 0; shown_prefixes[k]; k++) {
+            if (strncmp(plan->env[i], shown_prefixes[k], strlen(shown_prefixes[k])) == 0) {
+                printf("  %s\n", plan->env[i]);
+                break;
+            }
+        }
+    }
+    for (int g = 0; g < plan->ngroups; g++) {
+        const run_group_t *gr = &plan->groups[g];
+        const char *host = gr->host >= 0 ? o->hosts[gr->host].name : "this host";
+        printf("agent %d (%s, %s):\n", g, kind_name(gr->kind), gr->kind >= RUN_AGENT_MPI ? "placed" : host);
+        for (int p = gr->first; p < gr->first + gr->count; p++) {
+            const run_proc_t *pr = &plan->procs[p];
+            printf("  [%s]", pr->name);
+            for (int i = 0; i < pr->nenv; i++) {
+                printf(" %s", pr->env[i]);
+            }
+            printf(" --");
+            for (int i = 0; i < pr->nargv; i++) {
+                char *q = run_shell_quote(pr->argv[i]);
+                printf(" %s", q);
+                free(q);
+            }
+            printf("\n");
+        }
+    }
+}
