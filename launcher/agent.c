@@ -100,6 +100,13 @@ static void pump(aproc_t *p, bool err_stream, bool drain)
     }
 }
 
+/* Under srun several "nodes" may share a hostname; Slurm's node name is what users know. */
+static const char *agent_host_name(void)
+{
+    const char *n = dshim_config()->slurmd_nodename;
+    return (n && n[0]) ? n : dshim_log_hostname();
+}
+
 static int spawn_all(run_spec_t *spec, aproc_t *procs, int n)
 {
     /* The common environment applies to this agent too, so that PATH lookups
@@ -136,12 +143,13 @@ static int spawn_all(run_spec_t *spec, aproc_t *procs, int n)
         }
         if (rc != 0) {
             char msg[700];
-            snprintf(msg, sizeof(msg), "%s (on host %s, as %s)", err, dshim_log_hostname(), p->sp->name);
+            snprintf(msg, sizeof(msg), "%s (on host %s)", err, agent_host_name());
             run_frame_write(1, 'F', p->sp->index, 0, 0, msg, strlen(msg));
             failures++;
             continue;
         }
-        run_frame_write(1, 'S', p->sp->index, p->ch.pid, 0, dshim_log_hostname(), strlen(dshim_log_hostname()));
+        const char *host = agent_host_name();
+        run_frame_write(1, 'S', p->sp->index, p->ch.pid, 0, host, strlen(host));
     }
     return failures;
 }
@@ -248,7 +256,7 @@ static int pick_rank_proc(run_spec_t *spec)
     if (want && local >= 0 && atol(want) != local) {
         snprintf(msg, sizeof(msg), "%s was placed as local rank %ld on %s but dshim-run planned local rank %s: "
                  "mpirun/srun did not place processes in blocks per node (check the hostfile slots or the "
-                 "allocation)", spec->procs[rank].name, local, dshim_log_hostname(), want);
+                 "allocation)", spec->procs[rank].name, local, agent_host_name(), want);
         fail_agent(msg);
         return -1;
     }

@@ -96,7 +96,11 @@ static int live_procs(const ctl_t *c)
     return n;
 }
 
-static void begin_stop(ctl_t *c)
+/* origin: the agent whose process failed, or NULL.  mpirun and srun (with
+ * --kill-on-bad-exit) abort their own job when one of their ranks fails;
+ * signalling them during that abort only makes mpirun crash, so the origin
+ * is left alone until the kill deadline. */
+static void begin_stop(ctl_t *c, const agent_t *origin)
 {
     if (c->stopping) {
         return;
@@ -116,15 +120,16 @@ static void begin_stop(ctl_t *c)
             }
             close(a->ch.in_fd);
             a->ch.in_fd = -1;
-        } else {
+        } else if (a != origin) {
             kill(a->ch.pid, SIGTERM);  /* mpirun/srun forward it to their ranks */
         }
     }
 }
 
 /* The first failure decides the exit code and the message. */
-static void fail(ctl_t *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void fail(ctl_t *c, int code, const char *fmt, ...)
+static void fail(ctl_t *c, const agent_t *origin, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void fail(ctl_t *c, const agent_t *origin, int code, const char *fmt, ...)
 {
     if (c->have_reason || c->stopping) {
         return;
@@ -139,7 +144,7 @@ static void fail(ctl_t *c, int code, const char *fmt, ...)
     c->failed = true;
     int live = live_procs(c);
     run_say("%s; stopping the job (%d other process%s running)", msg, live, live == 1 ? "" : "es");
-    begin_stop(c);
+    begin_stop(c, origin);
 }
 
 static bool idx_ok(const agent_t *a, int idx)
@@ -157,6 +162,9 @@ static void on_agent_line(void *vctx, const char *line, size_t len)
         /* ssh, mpirun or srun speaking (or an agent's own diagnostics) */
         if (ctx->err) {
             snprintf(a->last_err, sizeof(a->last_err), "%.*s", (int)len, line);
+        }
+        if (c->stopping && a->ch.in_fd < 0 && a->g->kind >= RUN_AGENT_MPI) {
+            return;  /* mpirun's / srun's account of the abort we already reported */
         }
         fprintf(ctx->err ? stderr : stdout, "[%s] %.*s\n", a->desc, (int)len, line);
         fflush(ctx->err ? stderr : stdout);
@@ -184,7 +192,7 @@ static void on_agent_line(void *vctx, const char *line, size_t len)
         if (p) {
             p->ended = true;
         }
-        fail(c, RUN_EXIT_USAGE, "%s: %.*s", p ? c->plan->procs[f.idx].name : a->desc, (int)f.textlen, f.text);
+        fail(c, a, RUN_EXIT_USAGE, "%s: %.*s", p ? c->plan->procs[f.idx].name : a->desc, (int)f.textlen, f.text);
         break;
     case 'X': {
         p->ended = true;
@@ -195,10 +203,10 @@ static void on_agent_line(void *vctx, const char *line, size_t len)
         if (f.b != 0 || f.a != 0) {
             run_output_show_tail(c->out, f.idx);
             if (f.b != 0) {
-                fail(c, 128 + (int)f.b, "%s on host %s (pid %ld) was killed by signal %ld (SIG%s)", name, p->host,
+                fail(c, a, 128 + (int)f.b, "%s on host %s (pid %ld) was killed by signal %ld (SIG%s)", name, p->host,
                      p->pid, f.b, signame(f.b));
             } else {
-                fail(c, (int)f.a, "%s on host %s (pid %ld) exited with code %ld", name, p->host, p->pid, f.a);
+                fail(c, a, (int)f.a, "%s on host %s (pid %ld) exited with code %ld", name, p->host, p->pid, f.a);
             }
         }
         break;
@@ -259,14 +267,14 @@ static void agent_gone(ctl_t *c, agent_t *a)
     const char *why = a->last_err[0] ? a->last_err : "no message";
     if (!a->hello) {
         if (a->g->kind == RUN_AGENT_SSH) {
-            fail(c, RUN_EXIT_USAGE, "cannot reach host %s over ssh (exit code %d: %s); check the hostfile entry and "
+            fail(c, a, RUN_EXIT_USAGE, "cannot reach host %s over ssh (exit code %d: %s); check the hostfile entry and "
                  "that '%s %s true' works (DSHIM_RUN_SSH sets the ssh command)", a->host, code, why,
                  dshim_config()->run_ssh, a->host);
         } else {
-            fail(c, RUN_EXIT_USAGE, "%s exited with code %d before starting any process (%s)", a->desc, code, why);
+            fail(c, a, RUN_EXIT_USAGE, "%s exited with code %d before starting any process (%s)", a->desc, code, why);
         }
     } else if (unfinished > 0) {
-        fail(c, code ? code : 1, "lost %s (exit code %d: %s) with %d process(es) unaccounted for", a->desc, code,
+        fail(c, a, code ? code : 1, "lost %s (exit code %d: %s) with %d process(es) unaccounted for", a->desc, code,
              why, unfinished);
     }
 }
@@ -430,7 +438,7 @@ static int start_agent(ctl_t *c, agent_t *a)
     }
     if (rc != 0) {
         free(spec);
-        fail(c, RUN_EXIT_USAGE, "cannot start %s: %s", a->desc, err);
+        fail(c, a, RUN_EXIT_USAGE, "cannot start %s: %s", a->desc, err);
         return -1;
     }
     if (!by_env) {
@@ -504,7 +512,7 @@ static int run_loop(ctl_t *c)
                     int live = live_procs(c);
                     run_say("received SIG%s; stopping the job (%d process%s running)", signame(b[k]), live,
                             live == 1 ? "" : "es");
-                    begin_stop(c);
+                    begin_stop(c, NULL);
                 } else if (!c->killed) {
                     run_say("received SIG%s again; killing the job now", signame(b[k]));
                     c->kill_at = 0;

@@ -502,7 +502,13 @@ void run_build_plan(run_opts_t *o, run_plan_t *plan, int attempt)
     } else {
         single_host = !per_node_mode && all_hosts_local;
     }
-    char *here = o->master_addr && per_node_mode ? NULL : this_host_addr(o, single_host);
+    /* a --master-addr naming this host is also how the others reach our store */
+    char *here = NULL;
+    if (o->master_addr && (per_node_mode || addr_is_local(o->master_addr))) {
+        here = run_xstrdup(o->master_addr);
+    } else {
+        here = this_host_addr(o, single_host);
+    }
 
     run_strv_t common = {0};
     for (char **e = environ; *e; e++) {

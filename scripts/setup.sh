@@ -42,14 +42,14 @@ fi
 
 venv_ok() {
     [ -x .venv/bin/python ] && .venv/bin/python - <<PYEOF 2>/dev/null
-import torch, numpy
+import torch, numpy, pytest
 assert torch.__version__.split("+")[0] == "$TORCH_VERSION", torch.__version__
 PYEOF
 }
 if ! venv_ok; then
     echo "setup: creating .venv with torch==$TORCH_VERSION and numpy (large download, once)"
     [ -x .venv/bin/python ] || "$PY" -m venv .venv
-    .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
+    .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy pytest pytest-timeout
     venv_ok || { echo "setup: .venv is broken after install (import torch failed)" >&2; exit 1; }
 fi
 echo "setup: ok ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
