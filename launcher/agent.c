@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "child.h"
+#include "errfile.h"
 #include "config.h"
 #include "frame.h"
 #include "log.h"
@@ -130,6 +131,7 @@ static int spawn_all(run_spec_t *spec, aproc_t *procs, int n)
                 free(key);
             }
         }
+        run_errfile_prepare(run_errfile_path(&p->sp->env));
         run_spawn_t s = {.argv = run_strv_terminated(&p->sp->argv), .envp = run_strv_terminated(&env),
                          .cwd = spec->cwd, .stdin_pipe = false, .own_pgrp = true, .pdeathsig = SIGKILL};
         char err[512];
@@ -187,6 +189,11 @@ static int reap(aproc_t *procs, int n, int *first_bad)
             }
             long code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
             long sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+            char *why = run_errfile_take(run_errfile_path(&p->sp->env));
+            if (why && (code != 0 || sig != 0)) {
+                run_frame_write(1, 'R', p->sp->index, 0, 0, why, strlen(why));
+            }
+            free(why);
             run_frame_write(1, 'X', p->sp->index, code, sig, NULL, 0);
             if ((code != 0 || sig != 0) && *first_bad == 0) {
                 *first_bad = sig ? 128 + (int)sig : (int)code;

@@ -45,6 +45,7 @@ typedef struct {
     long code, sig;
     long pid;
     char host[128];
+    char *reason;  /* the exception torch recorded, if any */
 } pstate_t;
 
 typedef struct {
@@ -184,6 +185,10 @@ static void on_agent_line(void *vctx, const char *line, size_t len)
             snprintf(p->host, sizeof(p->host), "%.*s", (int)f.textlen, f.text);
         }
         break;
+    case 'R':
+        free(p->reason);
+        p->reason = strndup(f.text, f.textlen);
+        break;
     case 'O':
     case 'E':
         run_output_line(c->out, f.idx, f.kind == 'E', f.text, f.textlen);
@@ -202,11 +207,14 @@ static void on_agent_line(void *vctx, const char *line, size_t len)
         const char *name = c->plan->procs[f.idx].name;
         if (f.b != 0 || f.a != 0) {
             run_output_show_tail(c->out, f.idx);
+            const char *sep = p->reason ? ": " : "";
+            const char *why = p->reason ? p->reason : "";
             if (f.b != 0) {
-                fail(c, a, 128 + (int)f.b, "%s on host %s (pid %ld) was killed by signal %ld (SIG%s)", name, p->host,
-                     p->pid, f.b, signame(f.b));
+                fail(c, a, 128 + (int)f.b, "%s on host %s (pid %ld) was killed by signal %ld (SIG%s)%s%s", name,
+                     p->host, p->pid, f.b, signame(f.b), sep, why);
             } else {
-                fail(c, a, (int)f.a, "%s on host %s (pid %ld) exited with code %ld", name, p->host, p->pid, f.a);
+                fail(c, a, (int)f.a, "%s on host %s (pid %ld) exited with code %ld%s%s", name, p->host, p->pid, f.a,
+                     sep, why);
             }
         }
         break;
@@ -594,6 +602,9 @@ int run_controller(const run_opts_t *o, run_plan_t *plan, bool *failed)
         run_linebuf_free(&c.agents[i].err);
     }
     free(c.agents);
+    for (int i = 0; i < plan->nprocs; i++) {
+        free(c.ps[i].reason);
+    }
     free(c.ps);
     *failed = c.failed;
     return c.exit_code;

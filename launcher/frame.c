@@ -106,6 +106,7 @@ int run_frame_parse(const char *line, size_t len, run_frame_t *f)
     case 'O':
     case 'E':
     case 'F':
+    case 'R':
         p = field(p, end, &v);
         if (p == NULL) {
             return -1;

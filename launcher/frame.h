@@ -11,6 +11,7 @@
  *   E <idx> <text>              ... to stderr
  *   X <idx> <code> <signal>     process ended (code -1 when killed by signal)
  *   F <idx> <text>              the agent could not start/handle idx (-1: whole agent)
+ *   R <idx> <text>              why idx failed, from torch's error file (before its X)
  */
 #ifndef DSHIM_RUN_FRAME_H
 #define DSHIM_RUN_FRAME_H

@@ -3,7 +3,7 @@
 # getenv/secure_getenv may appear in shim/config.c only.
 set -euo pipefail
 cd "$1"
-hits=$(grep -rnE '\b(secure_)?getenv\s*\(' shim backends hooks 2>/dev/null | grep -v '^shim/config.c:' | grep -vE '^[^:]+:[0-9]+:\s*(/?\*|//)' || true)
+hits=$(grep -rnE '\b(secure_)?getenv\s*\(' shim backends hooks launcher tools 2>/dev/null | grep -v '^shim/config.c:' | grep -vE '^[^:]+:[0-9]+:\s*(/?\*|//)' || true)
 if [ -n "$hits" ]; then
     echo "getenv outside shim/config.c:"; echo "$hits"; exit 1
 fi
