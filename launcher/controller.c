@@ -61,7 +61,11 @@ typedef struct {
     bool have_reason;
     int exit_code;
     bool failed;
+    char reason[1024];        /* the first failure, as reported */
     char *mpi_hostfile;
+    dshim_store_t *peers;     /* per-node mode: the store shared with the other nodes' dshim-run */
+    double peers_next;
+    bool peers_told;
 } ctl_t;
 
 typedef struct {
@@ -143,6 +147,7 @@ static void fail(ctl_t *c, const agent_t *origin, int code, const char *fmt, ...
     c->have_reason = true;
     c->exit_code = code;
     c->failed = true;
+    snprintf(c->reason, sizeof(c->reason), "%s", msg);
     int live = live_procs(c);
     run_say("%s; stopping the job (%d other process%s running)", msg, live, live == 1 ? "" : "es");
     begin_stop(c, origin);
@@ -459,10 +464,54 @@ static int start_agent(ctl_t *c, agent_t *a)
     return 0;
 }
 
+#define PEER_ABORT_KEY "dshim-run/abort"
+
+/* torchrun-style multi-node (one dshim-run per node): the launchers share
+ * node 0's store, so that a failure on any node stops every node, as the
+ * single-controller launchers do, instead of leaving the others to hang. */
+static void poll_peer_launchers(ctl_t *c)
+{
+    if (!c->plan->per_node || dshim_now() < c->peers_next) {
+        return;
+    }
+    c->peers_next = dshim_now() + 0.5;
+    if (c->peers == NULL &&
+        dshim_store_connect(c->plan->store_addr, c->plan->store_port, c->plan->token, 0.2, &c->peers) != DSHIM_OK) {
+        c->peers = NULL;
+        return;  /* node 0's launcher not up yet (or gone): try again later */
+    }
+    if (c->failed && !c->peers_told) {
+        char msg[1200];
+        int n = snprintf(msg, sizeof(msg), "%d|node %d: %s", c->exit_code, c->plan->node_rank, c->reason);
+        dshim_store_set(c->peers, PEER_ABORT_KEY, msg, (size_t)n);
+        c->peers_told = true;
+        return;
+    }
+    if (c->stopping) {
+        return;
+    }
+    void *val = NULL;
+    size_t len = 0;
+    dshim_status_t st = dshim_store_try_get(c->peers, PEER_ABORT_KEY, &val, &len);
+    if (st == DSHIM_OK) {
+        char *text = strndup(val, len);
+        free(val);
+        char *bar = strchr(text, '|');
+        int code = atoi(text);
+        c->peers_told = true;  /* no need to echo it back */
+        fail(c, NULL, code ? code : 1, "the job failed on another node (%s)", bar ? bar + 1 : text);
+        free(text);
+    } else if (st != DSHIM_INPROGRESS) {
+        dshim_store_close(c->peers);  /* node 0's launcher gone: its ranks fail through dshim */
+        c->peers = NULL;
+    }
+}
+
 static int run_loop(ctl_t *c)
 {
     for (;;) {
         reap_agents(c);
+        poll_peer_launchers(c);
         int open_fds = 0;
         bool all_reaped = true;
         for (int i = 0; i < c->nagents; i++) {
@@ -498,7 +547,7 @@ static int run_loop(ctl_t *c)
                 pfd[np++] = (struct pollfd){.fd = a->ch.err_fd, .events = POLLIN};
             }
         }
-        int timeout = c->stopping ? 100 : 1000;
+        int timeout = (c->stopping || c->plan->per_node) ? 100 : 1000;
         int r = poll(pfd, (nfds_t)np, timeout);
         if (r < 0 && errno != EINTR) {
             break;
@@ -574,7 +623,15 @@ int run_controller(const run_opts_t *o, run_plan_t *plan, bool *failed)
         start_agent(&c, &c.agents[i]);
     }
     run_loop(&c);
+    if (c.peers) {
+        c.peers_next = 0;
+        poll_peer_launchers(&c);  /* a failure found at the very end still reaches the others */
+        dshim_store_close(c.peers);
+    }
     run_output_close(c.out);
+    if (store && plan->per_node && c.failed) {
+        usleep(1200 * 1000);  /* the other nodes poll every 0.5 s: let them read why before the store goes */
+    }
     if (store) {
         dshim_store_server_stop(store);
     }

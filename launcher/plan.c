@@ -552,6 +552,9 @@ void run_build_plan(run_opts_t *o, run_plan_t *plan, int attempt)
                         "free port", plan->store_port);
     }
     plan->store_bind = run_xstrdup("");
+    plan->store_addr = run_xstrdup(store_addr);
+    plan->per_node = per_node_mode;
+    plan->node_rank = o->node_rank;
     run_strv_setenv(&common, "DSHIM_STORE_ADDR", "%s", store_addr);
     run_strv_setenv(&common, "DSHIM_STORE_PORT", "%d", plan->store_port);
     run_strv_setenv(&common, "DSHIM_STORE_EXTERNAL", "1");

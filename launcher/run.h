@@ -97,6 +97,9 @@ typedef struct {
     int attempt;     /* 0, then 1.. for --max-restarts */
     /* what the controller hosts */
     bool host_store;        /* dshim rendezvous store in the controller */
+    bool per_node;          /* torchrun multi-node: one dshim-run per node, node 0's hosts the store */
+    int node_rank;
+    char *store_addr;       /* as the ranks reach it */
     char *store_bind;       /* address the store binds ("" = all) */
     int store_port;         /* 0 = any */
     char *token;
