@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "run.h"
 
@@ -121,6 +122,10 @@ void run_read_hostfile(const char *path, run_host_t **hosts_p, int *nhosts_p)
     if (f == NULL) {
         run_usage_error("cannot read hostfile '%s': %s; pass an existing, readable file to -H/--hostfile", path,
                         strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        run_usage_error("hostfile '%s' is a directory; pass the file listing the hosts to -H/--hostfile", path);
     }
     run_host_t *hosts = NULL;
     int n = 0;

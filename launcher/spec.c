@@ -233,6 +233,7 @@ int run_spec_decode(const char *b64, run_spec_t *spec, char *err, size_t errlen)
     free(raw);
     if (r.bad || spec->cwd == NULL || spec->nprocs != np) {
         snprintf(err, errlen, "job description is truncated or corrupt");
+        run_spec_free(spec);
         return -1;
     }
     for (int i = 0; i < spec->nprocs; i++) {
@@ -242,4 +243,17 @@ int run_spec_decode(const char *b64, run_spec_t *spec, char *err, size_t errlen)
         }
     }
     return 0;
+}
+
+void run_spec_free(run_spec_t *spec)
+{
+    for (int i = 0; i < spec->nprocs; i++) {
+        free(spec->procs[i].name);
+        run_strv_free(&spec->procs[i].env);
+        run_strv_free(&spec->procs[i].argv);
+    }
+    free(spec->procs);
+    free(spec->cwd);
+    run_strv_free(&spec->env);
+    memset(spec, 0, sizeof(*spec));
 }

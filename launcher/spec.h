@@ -29,5 +29,6 @@ typedef struct {
 char *run_spec_encode(const run_plan_t *plan, int first, int count);
 /* Decodes; returns 0, or -1 with a message in err. */
 int run_spec_decode(const char *b64, run_spec_t *spec, char *err, size_t errlen);
+void run_spec_free(run_spec_t *spec);
 
 #endif
