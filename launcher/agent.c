@@ -113,7 +113,13 @@ static int spawn_all(run_spec_t *spec, aproc_t *procs, int n)
     /* The common environment applies to this agent too, so that PATH lookups
      * of the program see the controller's PATH. */
     for (int i = 0; i < spec->env.n; i++) {
-        putenv(spec->env.v[i]);
+        const char *kv = spec->env.v[i];
+        const char *eq = strchr(kv, '=');
+        if (eq) {
+            char *key = strndup(kv, (size_t)(eq - kv));
+            setenv(key, eq + 1, 1);
+            free(key);
+        }
     }
     int failures = 0;
     for (int i = 0; i < n; i++) {
@@ -306,6 +312,7 @@ int run_agent_main(bool rank_mode)
     char err[256];
     if (run_spec_decode(text, &spec, err, sizeof(err)) != 0) {
         fail_agent(err);
+        free(text);
         return RUN_EXIT_USAGE;
     }
     free(text);
@@ -313,6 +320,7 @@ int run_agent_main(bool rank_mode)
     if (rank_mode) {
         first = pick_rank_proc(&spec);
         if (first < 0) {
+            run_spec_free(&spec);
             return RUN_EXIT_USAGE;
         }
         n = 1;
@@ -422,5 +430,11 @@ int run_agent_main(bool rank_mode)
             break;
         }
     }
+    for (int i = 0; i < n; i++) {
+        run_linebuf_free(&procs[i].out);
+        run_linebuf_free(&procs[i].err);
+    }
+    free(procs);
+    run_spec_free(&spec);
     return first_bad;
 }

@@ -32,10 +32,12 @@ int main(int argc, char **argv)
         run_build_plan(&opts, &plan, attempt);
         if (opts.dry_run) {
             run_print_plan(&opts, &plan);
+            run_free_plan(&plan);
             return 0;
         }
         bool failed = false;
         int code = run_controller(&opts, &plan, &failed);
+        run_free_plan(&plan);
         if (code == 0 || !failed || attempt >= opts.max_restarts) {
             return code;
         }

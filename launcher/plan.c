@@ -653,3 +653,29 @@ void run_print_plan(const run_opts_t *o, const run_plan_t *plan)
         }
     }
 }
+
+static void free_vec(char **v, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(v[i]);
+    }
+    free(v);
+}
+
+void run_free_plan(run_plan_t *plan)
+{
+    for (int i = 0; i < plan->nprocs; i++) {
+        free_vec(plan->procs[i].env, plan->procs[i].nenv);
+        free_vec(plan->procs[i].argv, plan->procs[i].nargv);
+    }
+    free(plan->procs);
+    free(plan->groups);
+    free_vec(plan->env, plan->nenv);
+    free(plan->cwd);
+    free(plan->store_bind);
+    free(plan->store_addr);
+    free(plan->token);
+    free(plan->libdshim);
+    free(plan->self_exe);
+    memset(plan, 0, sizeof(*plan));
+}

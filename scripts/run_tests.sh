@@ -58,6 +58,23 @@ if DSHIM_TRANSPORT=shm valgrind -q --error-exitcode=9 --leak-check=full --errors
 else
     echo "valgrind: conformance 2 failed:"; tail -30 /tmp/dshim-vg.log; vg_fail=$((vg_fail + 1))
 fi
+# dshim-run's controller and agents (the launched programs are not traced):
+# a clean job, and a failing one with a restart (exit code 3 is the job's).
+vg_run() {
+    local want=$1; shift
+    (cd /tmp && valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+        --trace-children=yes --trace-children-skip='/usr/bin/*,/bin/*' \
+        "$OLDPWD/$BUILD"/bin/dshim-run --master-port 0 --no-python "$@") >/tmp/dshim-vg.log 2>&1
+    local rc=$?
+    if [ $rc = "$want" ] && ! grep -q '==[0-9]*==' /tmp/dshim-vg.log; then
+        vg_pass=$((vg_pass + 1))
+    else
+        echo "valgrind: dshim-run $* failed (exit $rc, wanted $want):"; tail -30 /tmp/dshim-vg.log
+        vg_fail=$((vg_fail + 1))
+    fi
+}
+vg_run 0 --nproc-per-node 3 /bin/echo hello
+vg_run 3 --nproc-per-node 2 --max-restarts 1 /bin/sh -c 'exit 3'
 echo "valgrind: $vg_pass passed, $vg_fail failed"
 [ $vg_fail = 0 ] || failed+=("valgrind")
 

@@ -285,9 +285,9 @@ def test_rank_ignoring_sigterm_is_killed(run, workdir, write_script, no_leftover
     no_leftovers()
 
 
-def start_sleepers(start, workdir, write_script, nproc=2):
+def start_sleepers(start, workdir, write_script, nproc=2, env=None):
     script = write_script("failer.py", FAILER_SCRIPT)
-    job = start(["--nproc-per-node", nproc, "--master-port", "0", script, workdir])
+    job = start(["--nproc-per-node", nproc, "--master-port", "0", script, workdir], env=env)
     ready = [workdir / f"ready.{r}" for r in range(nproc)]
     if not wait_for_files(ready, 20):
         job.stop()
@@ -305,19 +305,58 @@ def test_signal_to_launcher_stops_job(start, workdir, write_script, no_leftovers
     elapsed = time.monotonic() - t0
     assert res.rc == code, describe(res)
     assert elapsed < 10, describe(res)
+    assert any(ln.startswith("dshim-run: ") and sig.name in ln for ln in res.err.splitlines()), describe(res)
     no_leftovers()
 
 
 @pytest.mark.timeout(40)
-def test_sigkill_to_launcher_leaves_nothing(start, workdir, write_script, no_leftovers):
-    job = start_sleepers(start, workdir, write_script)
+@pytest.mark.parametrize("ignore_term", [False, True], ids=["plain", "rank-ignores-SIGTERM"])
+def test_sigkill_to_launcher_leaves_nothing(start, workdir, write_script, no_leftovers, ignore_term):
+    job = start_sleepers(start, workdir, write_script, env={"IGNORE_TERM": "1" if ignore_term else "0"})
     pids = [int((workdir / f"pid.{r}").read_text()) for r in range(2)]
     job.signal(signal.SIGKILL)
     res = job.wait(timeout=5)
     assert res.rc == -signal.SIGKILL
     # the agents see their stdin (the controller's lifeline) close and stop the ranks
+    # (SIGKILL after DSHIM_RUN_KILL_GRACE, default 5 s, for one that ignores SIGTERM)
     no_leftovers(within=10)
     assert not any(pid_alive(p) for p in pids)
+
+
+@pytest.mark.timeout(60)
+def test_signal_during_startup_leaves_nothing(start, workdir, write_script, no_leftovers):
+    """Ctrl-C at any moment of the start (before, while and after agents and ranks start)."""
+    script = write_script("failer.py", FAILER_SCRIPT)
+    for delay in (0.0, 0.005, 0.02, 0.05, 0.1, 0.2):
+        job = start(["--nproc-per-node", "4", "--master-port", "0", script, workdir])
+        time.sleep(delay)
+        job.signal(signal.SIGINT)
+        res = job.wait(timeout=15)
+        # before its handler is installed SIGINT simply ends dshim-run (nothing started yet)
+        assert res.rc in (130, -signal.SIGINT), f"delay {delay}: {describe(res)}"
+        no_leftovers(within=2)
+
+
+def child_pids(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.timeout(40)
+def test_lost_agent_stops_job(start, workdir, write_script, no_leftovers):
+    """The agent dies (SIGKILL): its ranks go with it and dshim-run reports the loss."""
+    job = start_sleepers(start, workdir, write_script)
+    agents = [p for p in child_pids(job.pid) if b"--agent" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(agents) == 1, f"agents of {job.pid}: {agents}"
+    os.kill(agents[0], signal.SIGKILL)  # part of the job this test started
+    res = job.wait(timeout=15)
+    assert res.rc != 0, describe(res)
+    assert res.elapsed < 30
+    assert any(ln.startswith("dshim-run: ") and "agent" in ln for ln in res.err.splitlines()), describe(res)
+    no_leftovers(within=5)
 
 
 DAEMON_SCRIPT = """
@@ -508,10 +547,20 @@ def test_bad_input(run, workdir, write_script, no_leftovers, case):
 
 
 @pytest.mark.timeout(30)
-def test_bad_input_master_port_in_use(run, workdir, write_script, no_leftovers):
+@pytest.mark.parametrize("family,addr", [(socket.AF_INET, ""), (socket.AF_INET, "127.0.0.1"),
+                                         (socket.AF_INET6, "::")], ids=["any", "loopback", "ipv6-dual-stack"])
+def test_bad_input_master_port_in_use(run, workdir, write_script, no_leftovers, family, addr):
+    """Another job (torch's TCPStore listens on [::] dual-stack) holds the port."""
     write_script("probe.py", PROBE_SCRIPT)
-    with socket.socket() as s:
-        s.bind(("", 0))
+    if family == socket.AF_INET6 and not socket.has_ipv6:
+        pytest.skip("no IPv6")
+    with socket.socket(family) as s:
+        try:
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            s.bind((addr, 0))
+        except OSError as e:
+            pytest.skip(f"cannot bind {addr}: {e}")
         s.listen(1)
         port = s.getsockname()[1]
         res = run(["--master-port", port, "probe.py"], timeout=20)

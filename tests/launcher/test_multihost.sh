@@ -1,0 +1,590 @@
+#!/usr/bin/env bash
+# test_multihost.sh — dshim-run's ssh launcher on a fake 3-host cluster
+# (lib/hosts.sh: network namespaces, one real sshd each; 10.x addresses that
+# exist only inside them).  dshim-run always starts on host 0, whose own IP
+# is then local; hosts 1 and 2 are reached over ssh.
+#
+# Cases (issue 3): torchrun-style placement, environment and argument quoting;
+# a real dshim job (dshim-bench) spanning the hosts over TCP; MXNet
+# launch.py-style placement; a remote rank failing, SIGINT, a SIGKILLed worker
+# and a SIGKILLed launcher, each leaving no process anywhere; an unreachable
+# host; --sync-dst-dir with real rsync (and its failure); host:port lines and
+# a host named twice.
+#
+# Every process of a case carries DSHIM_TEST_MARKER=<unique> in its
+# environment (dshim-run forwards it); "nothing left on any host" means no
+# live process with the marker in /proc/*/environ or cmdline, and no
+# `dshim-run --agent` inside our namespaces (namespaces share the PID space).
+#
+# Needs root, ip netns, sshd, rsync, python3; skips (77) without the first
+# three.  Env: DSHIM_BUILD_DIR (default: build/ of this checkout).  The whole
+# script is bounded to 360 s; each dshim-run call by `timeout`.
+# shellcheck source-path=SCRIPTDIR disable=SC2153  # HOSTS_* come from lib/hosts.sh
+set -euo pipefail
+
+if [ -z "${MULTIHOST_BOUNDED:-}" ]; then
+    export MULTIHOST_BOUNDED=1
+    exec timeout -k 5 360 bash "$0" "$@"
+fi
+
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/lib/hosts.sh"
+
+build=${DSHIM_BUILD_DIR:-$here/../../build}
+run=$(realpath -m "$build/bin/dshim-run")
+bench=$(realpath -m "$build/bin/dshim-bench")
+
+if ! why=$(hosts_available); then
+    echo "SKIP: $why"
+    exit 77
+fi
+for f in "$run" "$bench"; do
+    if [ ! -x "$f" ]; then
+        echo "test_multihost: $f not found; build first (make), or set DSHIM_BUILD_DIR" >&2
+        exit 1
+    fi
+done
+for prog in rsync python3; do
+    if ! command -v "$prog" >/dev/null; then
+        echo "test_multihost: $prog not found (install it: make setup)" >&2
+        exit 1
+    fi
+done
+
+uuid() { cat /proc/sys/kernel/random/uuid; }
+now_ms() { local t=${EPOCHREALTIME/./}; echo $((t / 1000)); }
+
+work=$(mktemp -d /tmp/test_multihost.XXXXXX)
+chmod 755 "$work"
+extra_dirs=()   # sync destinations (outside $work, as a user's would be)
+bg_tpid=""      # `timeout` wrapping a background dshim-run
+marker=""       # the current case's marker
+
+# ------------------------------------------------------------ processes
+# PIDs of live processes of marker $1 (environ or argv) plus any dshim-run
+# agent in our namespaces.  The pattern's first letter is bracketed so grep's
+# own argv does not match it.
+job_pids() {
+    local m=$1 ns p
+    local -a argv
+    {
+        grep -lsaE -- "[${m:0:1}]${m:1}" /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null |
+            sed -E 's#^/proc/([0-9]+)/.*#\1#' || true
+        for ns in ${HOSTS_NS:-}; do
+            for p in $(ip netns pids "$ns" 2>/dev/null); do
+                mapfile -d '' argv 2>/dev/null <"/proc/$p/cmdline" || continue
+                if [[ ${argv[0]:-} == *dshim-run && ${argv[1]:-} == --agent* ]]; then
+                    echo "$p"
+                fi
+            done
+        done
+    } | sort -un | while read -r p; do
+        [ "$p" != "$$" ] && [ "$p" != "$BASHPID" ] && _hosts_alive "$p" && echo "$p"
+    done
+}
+
+describe_pids() {
+    local p
+    for p in "$@"; do
+        echo "    pid $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-150)"
+    done
+}
+
+# wait_gone MARKER DEADLINE_MS — 0 once nothing of the job is left, else lists what is.
+wait_gone() {
+    local left
+    while :; do
+        left=$(job_pids "$1" | tr '\n' ' ')
+        [ -z "$left" ] && return 0
+        [ "$(now_ms)" -ge "$2" ] && break
+        sleep 0.1
+    done
+    echo "  processes of the job still alive:"
+    # shellcheck disable=SC2086
+    describe_pids $left
+    return 1
+}
+
+kill_marker() {
+    local p
+    [ -n "$1" ] || return 0
+    for p in $(job_pids "$1"); do
+        kill -KILL "$p" 2>/dev/null || true
+    done
+}
+
+stop_bg() {
+    if [ -n "$bg_tpid" ]; then
+        kill -KILL "$bg_tpid" 2>/dev/null || true
+        wait "$bg_tpid" 2>/dev/null || true
+        bg_tpid=""
+    fi
+}
+
+cleanup() {
+    local d
+    stop_bg
+    kill_marker "$marker"
+    hosts_down
+    for d in "${extra_dirs[@]}"; do
+        rm -rf "$d"
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT HUP
+
+# ------------------------------------------------------------ launching
+# fg_run NAME LIMIT_S [VAR=VAL...] -- ARGS... : dshim-run on host 0 in the
+# current directory, bounded; sets rc and took_ms; output in $work/NAME.{out,err}.
+fg_run() {
+    local name=$1 limit=$2 t0
+    local -a envs=()
+    shift 2
+    while [ "$1" != -- ]; do envs+=("$1"); shift; done
+    shift
+    t0=$(now_ms)
+    rc=0
+    hosts_exec 0 timeout -k 5 "$limit" env DSHIM_TEST_MARKER="$marker" DSHIM_RUN_SSH="$HOSTS_SSH" "${envs[@]}" \
+        "$run" "$@" </dev/null >"$work/$name.out" 2>"$work/$name.err" || rc=$?
+    took_ms=$(($(now_ms) - t0))
+}
+
+# bg_run NAME ARGS... : dshim-run on host 0 in the background (bounded to 60 s).
+# `ip netns exec` execs, so $! is timeout, whose only child is dshim-run.
+bg_run() {
+    local name=$1
+    shift
+    ip netns exec "${HOSTS_NS%% *}" timeout -k 5 60 env DSHIM_TEST_MARKER="$marker" DSHIM_RUN_SSH="$HOSTS_SSH" \
+        "$run" "$@" </dev/null >"$work/$name.out" 2>"$work/$name.err" &
+    bg_tpid=$!
+}
+
+# PID of the dshim-run that bg_run started.
+bg_launcher_pid() {
+    local kids n
+    for ((n = 0; n < 50; n++)); do
+        kids=$(cat "/proc/$bg_tpid/task/$bg_tpid/children" 2>/dev/null || true)
+        if [ -n "$kids" ]; then
+            echo "${kids%% *}"
+            return 0
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
+# bg_wait DEADLINE_MS — sets rc once the background dshim-run ended; 1 if it
+# still runs at the deadline.
+bg_wait() {
+    while _hosts_alive "$bg_tpid" && [ "$(now_ms)" -lt "$1" ]; do
+        sleep 0.05
+    done
+    if _hosts_alive "$bg_tpid"; then
+        return 1
+    fi
+    rc=0
+    wait "$bg_tpid" || rc=$?
+    bg_tpid=""
+    return 0
+}
+
+# wait_files PATTERN COUNT LIMIT_S — until COUNT files match (the shared
+# filesystem lets every host's processes report here).
+wait_files() {
+    local n deadline=$(($(now_ms) + $3 * 1000))
+    while :; do
+        n=$(compgen -G "$1" | wc -l)
+        [ "$n" -ge "$2" ] && return 0
+        [ "$(now_ms)" -ge "$deadline" ] && break
+        sleep 0.05
+    done
+    echo "  only $n of $2 processes started within $3 s"
+    return 1
+}
+
+show_output() {
+    echo "  --- stdout ($1):"
+    sed 's/^/    /' "$work/$1.out" | tail -n 20
+    echo "  --- stderr ($1):"
+    sed 's/^/    /' "$work/$1.err" | tail -n 20
+}
+
+# ------------------------------------------------------------ payloads
+# show.py: one line with what a process sees (environment, host, cwd, argv).
+cat >"$work/show.py" <<'EOF'
+import json, os, subprocess, sys
+keys = ["RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DMLC_ROLE",
+        "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER", "DMLC_NODE_HOST"]
+ips = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+data = open("data.txt").read().strip() if os.path.exists("data.txt") else "-"
+words = ["%s=%s" % (k, os.environ.get(k, "-")) for k in keys]
+words += ["IPS=," + ",".join(ips) + ",", "CWD=" + os.getcwd(), "DATA=" + data, "ARGS=" + json.dumps(sys.argv[1:])]
+print("SHOW " + " ".join(words), flush=True)
+EOF
+
+# job.sh DIR MODE: reports its start in DIR, then sleeps (or fails, per MODE).
+cat >"$work/job.sh" <<'EOF'
+#!/bin/bash
+dir=$1
+echo "$$" >"$dir/started.${RANK:-x}.$$"
+if [ "$2" = fail5 ]; then
+    if [ "$RANK" = 5 ]; then
+        # fail only once all six ranks run
+        for ((n = 0; n < 200; n++)); do
+            [ "$(ls "$dir" | grep -c '^started\.')" -ge 6 ] && break
+            sleep 0.05
+        done
+        echo "${EPOCHREALTIME/./}" >"$dir/failed_at"
+        exit 3
+    fi
+    # rank 3 (host 1) ignores SIGTERM: the remote stop must escalate to SIGKILL
+    [ "$RANK" = 3 ] && trap '' TERM
+fi
+exec sleep 100
+EOF
+chmod +x "$work/job.sh"
+
+# field LINE KEY — value of KEY=... in a SHOW line.
+field() {
+    local w
+    for w in $1; do
+        if [[ $w == "$2="* ]]; then
+            echo "${w#*=}"
+            return 0
+        fi
+    done
+    echo "?"
+}
+
+pass=0
+failed=0
+timings=()
+# check NAME FUNC — one case: fresh marker, timed, leftovers killed afterwards.
+check() {
+    local name=$1 t0 ms
+    shift
+    marker="mh$$-$(uuid)"
+    t0=$(now_ms)
+    if "$@"; then
+        pass=$((pass + 1))
+        ms=$(($(now_ms) - t0))
+        echo "ok: $name ($((ms / 1000)).$(printf '%03d' $((ms % 1000))) s)"
+    else
+        failed=$((failed + 1))
+        ms=$(($(now_ms) - t0))
+        echo "FAIL: $name ($((ms / 1000)).$(printf '%03d' $((ms % 1000))) s)"
+    fi
+    timings+=("$(printf '%6d ms  %s' "$ms" "$name")")
+    stop_bg
+    kill_marker "$marker"
+}
+
+ips=()
+hf="$work/hf"
+
+# ------------------------------------------------------------ cases
+# 1. torchrun style: placement, environment, arguments that must not be parsed by any shell.
+t_torch() {
+    local pwn="/tmp/pwned-$(uuid)" want line r g ipsw n=0 seen=""
+    local -a args=("a b" "it's" 'say "hi"' "\$(touch $pwn-dollar)" "\`touch $pwn-tick\`" "x;touch $pwn-semi"
+        "*" "" "tab	here")
+    want=$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "${args[@]}")
+    (cd "$work" && fg_run torch 30 -- -H "$hf" --nproc-per-node 2 show.py "${args[@]}")
+    [ "$rc" = 0 ] || { echo "  exit code $rc, expected 0"; show_output torch; return 1; }
+    while read -r line; do
+        [[ $line == "[rank "*"] SHOW "* ]] || continue
+        n=$((n + 1))
+        r=$(field "$line" RANK)
+        g=$(field "$line" GROUP_RANK)
+        ipsw=$(field "$line" IPS)
+        [[ $line == "[rank $r] "* ]] || { echo "  prefix does not match RANK=$r: $line"; return 1; }
+        [ "$g" = $((r / 2)) ] && [ "$(field "$line" LOCAL_RANK)" = $((r % 2)) ] ||
+            { echo "  rank $r: GROUP_RANK/LOCAL_RANK wrong: $line"; return 1; }
+        [ "$(field "$line" WORLD_SIZE)" = 6 ] || { echo "  rank $r: WORLD_SIZE wrong: $line"; return 1; }
+        [[ $ipsw == *",${ips[$g]},"* ]] ||
+            { echo "  rank $r (GROUP_RANK $g) ran on $ipsw, not on host $g (${ips[$g]})"; return 1; }
+        [ "$(field "$line" MASTER_ADDR)" = "${ips[0]}" ] ||
+            { echo "  rank $r: MASTER_ADDR=$(field "$line" MASTER_ADDR), expected host 0's ${ips[0]}"; return 1; }
+        [ "${line#*ARGS=}" = "$want" ] || { echo "  rank $r: argv arrived as ${line#*ARGS=}, sent $want"; return 1; }
+        seen="$seen $r"
+    done <"$work/torch.out"
+    [ "$n" = 6 ] || { echo "  $n SHOW lines (ranks:$seen), expected 6"; show_output torch; return 1; }
+    [ "$(tr ' ' '\n' <<<"$seen" | sort -n | tr '\n' ' ')" = " 0 1 2 3 4 5 " ] ||
+        { echo "  ranks seen:$seen"; return 1; }
+    if compgen -G "$pwn*" >/dev/null; then
+        echo "  an argument was run by a shell: $(ls "$pwn"*)"
+        rm -f "$pwn"*
+        return 1
+    fi
+}
+
+# 2. a real dshim job across the hosts: 6 ranks of dshim-bench, rendezvous and data over TCP.
+t_bench() {
+    local name=$1
+    shift
+    (cd "$work" && fg_run "$name" 90 "$@" -- -H "$hf" --nproc-per-node 2 --no-python "$bench" -b 1M -e 1M -t 0.5)
+    [ "$rc" = 0 ] || { echo "  exit code $rc, expected 0"; show_output "$name"; return 1; }
+    grep -qE '^\[rank 0\] +[0-9]+ .* ok$' "$work/$name.out" ||
+        { echo "  no result line of rank 0 ending in 'ok'"; show_output "$name"; return 1; }
+    grep -qE '^\[rank 0\] # dshim-bench .*6 ranks.*tcp' "$work/$name.out" ||
+        { echo "  rank 0's header does not say 6 ranks over tcp"; show_output "$name"; return 1; }
+    echo "  $(grep -E '^\[rank 0\] # dshim-bench' "$work/$name.out")"
+    echo "  $(grep -E '^\[rank 0\] +[0-9]+ ' "$work/$name.out")"
+}
+
+# 3. MXNet launch.py style: scheduler here, servers then workers round-robin over the hosts.
+t_mxnet() {
+    local line name role ipsw port="" want_host i n=0
+    local -a expect=("server 0" "server 1" "worker 0" "worker 1")
+    (cd "$work" && fg_run mxnet 30 -- -n 2 -s 2 -H "$hf" python3 show.py)
+    [ "$rc" = 0 ] || { echo "  exit code $rc, expected 0"; show_output mxnet; return 1; }
+    line=$(grep -E '^\[scheduler\] SHOW ' "$work/mxnet.out" || true)
+    [ -n "$line" ] || { echo "  no output of the scheduler"; show_output mxnet; return 1; }
+    [[ $(field "$line" IPS) == *",${ips[0]},"* ]] ||
+        { echo "  scheduler ran on $(field "$line" IPS), not on host 0 (${ips[0]})"; return 1; }
+    [ "$(field "$line" DMLC_ROLE)" = scheduler ] || { echo "  scheduler: $line"; return 1; }
+    for ((i = 0; i < 5; i++)); do
+        if [ "$i" = 0 ]; then
+            name=scheduler
+            want_host=${ips[0]}
+        else
+            name=${expect[$((i - 1))]}
+            want_host=${ips[$(((i - 1) % 3))]}
+        fi
+        line=$(grep -E "^\[$name\] SHOW " "$work/mxnet.out" || true)
+        [ -n "$line" ] || { echo "  no output of $name"; show_output mxnet; return 1; }
+        n=$((n + 1))
+        role=${name% *}
+        ipsw=$(field "$line" IPS)
+        [ "$(field "$line" DMLC_ROLE)" = "$role" ] ||
+            { echo "  $name: DMLC_ROLE=$(field "$line" DMLC_ROLE)"; return 1; }
+        [[ $ipsw == *",$want_host,"* ]] || { echo "  $name ran on $ipsw, expected $want_host"; return 1; }
+        [ "$(field "$line" DMLC_PS_ROOT_URI)" = "${ips[0]}" ] ||
+            { echo "  $name: DMLC_PS_ROOT_URI=$(field "$line" DMLC_PS_ROOT_URI), expected ${ips[0]}"; return 1; }
+        [ -n "$port" ] || port=$(field "$line" DMLC_PS_ROOT_PORT)
+        [[ $port =~ ^[0-9]+$ ]] && [ "$(field "$line" DMLC_PS_ROOT_PORT)" = "$port" ] ||
+            { echo "  $name: DMLC_PS_ROOT_PORT=$(field "$line" DMLC_PS_ROOT_PORT), others $port"; return 1; }
+        [ "$(field "$line" DMLC_NUM_SERVER)" = 2 ] && [ "$(field "$line" DMLC_NUM_WORKER)" = 2 ] ||
+            { echo "  $name: DMLC_NUM_SERVER/WORKER wrong: $line"; return 1; }
+        if [ "$i" != 0 ]; then
+            [ "$(field "$line" DMLC_NODE_HOST)" = "$want_host" ] ||
+                { echo "  $name: DMLC_NODE_HOST=$(field "$line" DMLC_NODE_HOST), expected $want_host"; return 1; }
+        fi
+    done
+    [ "$(grep -c ' SHOW ' "$work/mxnet.out")" = 5 ] ||
+        { echo "  expected 5 processes"; show_output mxnet; return 1; }
+}
+
+# 4. rank 5 (host 2) exits 3 while the others sleep: job stopped everywhere within 10 s.
+t_remote_fail() {
+    local d="$work/c4" failed_at t_end deadline ok=0
+    mkdir -p "$d"
+    bg_run fail -H "$hf" --nproc-per-node 2 --no-python "$work/job.sh" "$d" fail5
+    wait_files "$d/failed_at" 1 20 || { show_output fail; return 1; }
+    failed_at=$(($(cat "$d/failed_at") / 1000))
+    deadline=$((failed_at + 10000))
+    bg_wait "$deadline" || { echo "  dshim-run still running 10 s after rank 5 failed"; show_output fail; return 1; }
+    t_end=$(now_ms)
+    echo "  dshim-run exited $((t_end - failed_at)) ms after rank 5 failed"
+    [ "$rc" = 3 ] || { echo "  exit code $rc, expected 3"; show_output fail; ok=1; }
+    grep -E "rank 5\b" "$work/fail.err" | grep -F "${ips[2]}" | grep -q "exited with code 3" ||
+        { echo "  no stderr line naming rank 5, host ${ips[2]} and 'exited with code 3'"; show_output fail; ok=1; }
+    wait_gone "$marker" "$deadline" || ok=1
+    return $ok
+}
+
+# 5a. SIGINT to dshim-run while the job runs on 3 hosts.
+t_sigint() {
+    local d="$work/c5a" pid t0 ok=0
+    mkdir -p "$d"
+    bg_run sigint -H "$hf" --nproc-per-node 2 --no-python "$work/job.sh" "$d" sleep
+    wait_files "$d/started.*" 6 20 || { show_output sigint; return 1; }
+    pid=$(bg_launcher_pid) || { echo "  cannot find dshim-run's pid"; return 1; }
+    t0=$(now_ms)
+    kill -INT "$pid"
+    bg_wait $((t0 + 10000)) || { echo "  dshim-run still running 10 s after SIGINT"; show_output sigint; return 1; }
+    echo "  dshim-run exited $(($(now_ms) - t0)) ms after SIGINT"
+    [ "$rc" = 130 ] || { echo "  exit code $rc, expected 130"; show_output sigint; ok=1; }
+    wait_gone "$marker" $((t0 + 10000)) || ok=1
+    return $ok
+}
+
+# 5b. a worker on host 1 SIGKILLed from outside.
+t_worker_sigkill() {
+    local d="$work/c5b" victim p t0 ok=0
+    mkdir -p "$d"
+    bg_run wkill -H "$hf" --nproc-per-node 2 --no-python "$work/job.sh" "$d" sleep
+    wait_files "$d/started.*" 6 20 || { show_output wkill; return 1; }
+    # rank 2 = host 1's first process (job.sh exec'ed sleep: one process with RANK=2)
+    victim=""
+    for p in $(job_pids "$marker"); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=2"; then
+            victim=$p
+        fi
+    done
+    [ -n "$victim" ] || { echo "  no process with RANK=2 found"; return 1; }
+    [ -e "$d/started.2.$victim" ] || { echo "  pid $victim is not rank 2's job.sh"; return 1; }
+    t0=$(now_ms)
+    kill -KILL "$victim"
+    bg_wait $((t0 + 10000)) || { echo "  dshim-run still running 10 s after the kill"; show_output wkill; return 1; }
+    echo "  dshim-run exited $(($(now_ms) - t0)) ms after rank 2 was killed"
+    [ "$rc" = 137 ] || { echo "  exit code $rc, expected 137"; show_output wkill; ok=1; }
+    grep -E "rank 2\b" "$work/wkill.err" | grep -F "${ips[1]}" | grep -q "SIGKILL" ||
+        { echo "  no stderr line naming rank 2, host ${ips[1]} and SIGKILL"; show_output wkill; ok=1; }
+    wait_gone "$marker" $((t0 + 10000)) || ok=1
+    return $ok
+}
+
+# 5c. SIGKILL to dshim-run itself: the ssh lifelines close, the agents stop everything.
+t_launcher_sigkill() {
+    local d="$work/c5c" pid t0 ok=0
+    mkdir -p "$d"
+    bg_run lkill -H "$hf" --nproc-per-node 2 --no-python "$work/job.sh" "$d" sleep
+    wait_files "$d/started.*" 6 20 || { show_output lkill; return 1; }
+    pid=$(bg_launcher_pid) || { echo "  cannot find dshim-run's pid"; return 1; }
+    t0=$(now_ms)
+    kill -KILL "$pid"
+    bg_wait $((t0 + 5000)) || { echo "  timeout(1) still waiting 5 s after dshim-run was killed"; ok=1; }
+    wait_gone "$marker" $((t0 + 10000)) || ok=1
+    echo "  everything gone $(($(now_ms) - t0)) ms after SIGKILL"
+    return $ok
+}
+
+# 6. a hostfile entry that no host answers: exit 2, one line naming it, nothing left.
+t_unreachable() {
+    local d="$work/c6" bad hf6="$work/hf6" lines ok=0
+    mkdir -p "$d"
+    bad="${ips[0]%.*}.99"
+    cp "$hf" "$hf6"
+    echo "$bad" >>"$hf6"
+    (cd "$work" && fg_run unreach 40 -- -H "$hf6" --nproc-per-node 1 --no-python "$work/job.sh" "$d" sleep)
+    echo "  dshim-run took $took_ms ms"
+    [ "$rc" = 2 ] || { echo "  exit code $rc, expected 2"; ok=1; }
+    [ "$took_ms" -le 22000 ] || { echo "  took more than ~20 s"; ok=1; }
+    lines=$(grep -F "$bad" "$work/unreach.err" | grep -ciE "cannot reach|cannot be reached|unreachable|not reachable" || true)
+    [ "$lines" = 1 ] ||
+        { echo "  $lines stderr lines name $bad and say it cannot be reached (expected 1)"; ok=1; }
+    [ "$ok" = 0 ] || show_output unreach
+    wait_gone "$marker" $(($(now_ms) + 2000)) || ok=1
+    return $ok
+}
+
+# 7a. --sync-dst-dir: the directory reaches every host (rsync over ssh) and the job runs there.
+accepted() { grep -c "Accepted publickey" "$HOSTS_DIR/h$1.log" || true; }
+t_sync() {
+    local src="$work/src7" base="/tmp/mh-sync-$$-$(uuid)" dst line r g n=0 data
+    local -a before=()
+    dst="$base/dst"
+    extra_dirs+=("$base")
+    data="payload-$(uuid)"
+    mkdir -p "$src"
+    cp "$work/show.py" "$src/script.py"
+    echo "$data" >"$src/data.txt"
+    before=("$(accepted 1)" "$(accepted 2)")
+    (cd "$src" && fg_run sync 60 -- -H "$hf" --sync-dst-dir "$dst" --nproc-per-node 1 script.py)
+    rm -rf "$base"
+    [ "$rc" = 0 ] || { echo "  exit code $rc, expected 0"; show_output sync; return 1; }
+    while read -r line; do
+        [[ $line == "[rank "*"] SHOW "* ]] || continue
+        n=$((n + 1))
+        r=$(field "$line" RANK)
+        g=$(field "$line" GROUP_RANK)
+        [[ $(field "$line" IPS) == *",${ips[$g]},"* ]] ||
+            { echo "  rank $r ran on $(field "$line" IPS), not host $g"; return 1; }
+        [ "$(field "$line" CWD)" = "$dst" ] || { echo "  rank $r ran in $(field "$line" CWD), not $dst"; return 1; }
+        [ "$(field "$line" DATA)" = "$data" ] || { echo "  rank $r read data '$(field "$line" DATA)'"; return 1; }
+    done <"$work/sync.out"
+    [ "$n" = 3 ] || { echo "  $n processes reported, expected 3"; show_output sync; return 1; }
+    # rsync and the agent each log in to hosts 1 and 2
+    [ "$(accepted 1)" -ge $((before[0] + 2)) ] && [ "$(accepted 2)" -ge $((before[1] + 2)) ] ||
+        { echo "  hosts 1 and 2 did not see an rsync and an agent login each"; return 1; }
+}
+
+# 7b. a destination that cannot be created: exit 2 naming the host and rsync's error; nothing started.
+t_sync_fail() {
+    local src="$work/src7" base="/tmp/mh-sync-$$-$(uuid)" d="$work/c7b" i line ok=0
+    extra_dirs+=("$base")
+    mkdir -p "$base" "$d" "$src"
+    : >"$base/blocker"
+    (cd "$src" && fg_run syncfail 60 -- -H "$hf" --sync-dst-dir "$base/blocker/dst" --nproc-per-node 1 \
+        --no-python "$work/job.sh" "$d" sleep)
+    rm -rf "$base"
+    echo "  dshim-run took $took_ms ms"
+    [ "$rc" = 2 ] || { echo "  exit code $rc, expected 2"; ok=1; }
+    for i in 1 2; do
+        line=$(grep -F "${ips[$i]}" "$work/syncfail.err" | grep -i rsync | head -n 1 || true)
+        [ -n "$line" ] || { echo "  no stderr line names host $i (${ips[$i]}) and rsync"; ok=1; continue; }
+        [[ $line =~ [Nn]ot\ a\ directory|mkdir|No\ such\ file ]] ||
+            { echo "  host $i's line does not carry rsync's error: $line"; ok=1; }
+    done
+    ! compgen -G "$d/started.*" >/dev/null || { echo "  job processes were started"; ok=1; }
+    [ "$ok" = 0 ] || show_output syncfail
+    wait_gone "$marker" $(($(now_ms) + 2000)) || ok=1
+    return $ok
+}
+
+# 8a. host:22 lines.
+t_ports() {
+    local hfp="$work/hf_ports" line r g n=0
+    hosts_write_hostfile "$hfp" 22
+    (cd "$work" && fg_run ports 30 -- -H "$hfp" --nproc-per-node 1 show.py)
+    [ "$rc" = 0 ] || { echo "  exit code $rc, expected 0"; show_output ports; return 1; }
+    while read -r line; do
+        [[ $line == "[rank "*"] SHOW "* ]] || continue
+        n=$((n + 1))
+        r=$(field "$line" RANK)
+        g=$(field "$line" GROUP_RANK)
+        [ "$g" = "$r" ] && [[ $(field "$line" IPS) == *",${ips[$g]},"* ]] ||
+            { echo "  rank $r (GROUP_RANK $g) ran on $(field "$line" IPS)"; return 1; }
+    done <"$work/ports.out"
+    [ "$n" = 3 ] || { echo "  $n processes reported, expected 3"; show_output ports; return 1; }
+}
+
+# 8b. the same host twice, --nnodes 2: two nodes on it.
+t_twice() {
+    local hft="$work/hf_twice" line n=0 groups=""
+    printf '%s\n%s\n' "${ips[1]}" "${ips[1]}" >"$hft"
+    (cd "$work" && fg_run twice 30 -- -H "$hft" --nnodes 2 --nproc-per-node 1 show.py)
+    [ "$rc" = 0 ] || { echo "  exit code $rc, expected 0"; show_output twice; return 1; }
+    while read -r line; do
+        [[ $line == "[rank "*"] SHOW "* ]] || continue
+        n=$((n + 1))
+        [[ $(field "$line" IPS) == *",${ips[1]},"* ]] ||
+            { echo "  rank $(field "$line" RANK) ran on $(field "$line" IPS), not host 1"; return 1; }
+        [ "$(field "$line" WORLD_SIZE)" = 2 ] || { echo "  WORLD_SIZE wrong: $line"; return 1; }
+        groups="$groups$(field "$line" GROUP_RANK)"
+    done <"$work/twice.out"
+    [ "$n" = 2 ] || { echo "  $n processes reported, expected 2"; show_output twice; return 1; }
+    [ "$(grep -o . <<<"$groups" | sort | tr -d '\n')" = 01 ] ||
+        { echo "  GROUP_RANKs seen: $groups, expected 0 and 1"; return 1; }
+}
+
+# ------------------------------------------------------------ main
+t_up=$(now_ms)
+if ! hosts_up 3; then
+    echo "test_multihost: 0 passed, 1 failed (hosts_up failed)"
+    exit 1
+fi
+read -r -a ips <<<"$HOSTS_IPS"
+hosts_write_hostfile "$hf"
+echo "hosts: $HOSTS_IPS (up in $(($(now_ms) - t_up)) ms)"
+
+check "1 torchrun style on 3 hosts: placement, env, arguments intact" t_torch
+check "2a dshim-bench across 3 hosts" t_bench bench
+check "2b dshim-bench across 3 hosts, DSHIM_TRANSPORT=tcp" t_bench bench_tcp DSHIM_TRANSPORT=tcp
+check "3 MXNet launch.py style over ssh" t_mxnet
+check "4 rank 5 on host 2 exits 3: job stopped everywhere" t_remote_fail
+check "5a SIGINT to dshim-run: exit 130, nothing left" t_sigint
+check "5b worker on host 1 SIGKILLed: exit 137, nothing left" t_worker_sigkill
+check "5c dshim-run SIGKILLed: remote processes gone" t_launcher_sigkill
+check "6 unreachable host: exit 2, one line, nothing left" t_unreachable
+check "7a --sync-dst-dir: job runs in the synced dir on every host" t_sync
+check "7b --sync-dst-dir that cannot be created: exit 2, nothing started" t_sync_fail
+check "8a host:22 lines" t_ports
+check "8b same host twice with --nnodes 2" t_twice
+
+echo "timings:"
+printf '  %s\n' "${timings[@]}"
+echo "test_multihost: $pass passed, $failed failed"
+[ "$failed" = 0 ]
