@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -586,8 +588,33 @@ static int run_loop(ctl_t *c)
     return 0;
 }
 
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* Whatever outlived its agent here (mpirun's ranks after a forced kill) is
+ * our descendant — we are a subreaper — and goes now; and the per-rank
+ * torch error directories of this attempt go with it. */
+static void sweep_local_leftovers(void)
+{
+    for (int i = 0; i < 50 && run_signal_descendants(getpid(), SIGKILL) > 0; i++) {
+        usleep(20000);
+        while (waitpid(-1, NULL, WNOHANG) > 0) {
+        }
+    }
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/tmp/dshim-run-%d", (int)getpid());
+    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 int run_controller(const run_opts_t *o, run_plan_t *plan, bool *failed)
 {
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
     ctl_t c = {.o = o, .plan = plan};
     c.ps = run_xmalloc((size_t)plan->nprocs * sizeof(*c.ps));
     c.agents = run_xmalloc((size_t)plan->ngroups * sizeof(*c.agents));
@@ -623,6 +650,7 @@ int run_controller(const run_opts_t *o, run_plan_t *plan, bool *failed)
         start_agent(&c, &c.agents[i]);
     }
     run_loop(&c);
+    sweep_local_leftovers();
     if (c.peers) {
         c.peers_next = 0;
         poll_peer_launchers(&c);  /* a failure found at the very end still reaches the others */

@@ -8,7 +8,7 @@
 # in its environment and no_leftovers looks for it in /proc/*/environ.
 # The Slurm part is skipped (with a note) when slurm_available says no; the
 # whole test skips (77) when neither mpirun nor Slurm can run here.
-# Bounded to 240 s; usually 30-60 s.
+# Bounded to 240 s; about 15 s on a 2-core machine.
 # ($VARS in single quotes are meant for the job, not this shell)
 # shellcheck source-path=SCRIPTDIR disable=SC2016
 set -euo pipefail
@@ -144,11 +144,28 @@ lt() {  # lt A B — A < B (decimals)
 launch() {
     DSHIM_TEST_MARKER=$MARK timeout -k 5 60 "$@"
 }
-# child_of PID — the first child of PID (the program under `timeout`).
-child_of() {
-    local c=""
-    read -r c _ 2>/dev/null < "/proc/$1/task/$1/children" || true
-    echo "$c"
+# find_exe PID EXE — the first process at or below PID running EXE (the
+# dshim-run under `timeout`: signals must go to it alone, as timeout forwards
+# a signal to its child AND its process group, i.e. twice).
+find_exe() {
+    local p c exe
+    local -a queue=("$1") kids
+    while [ ${#queue[@]} -gt 0 ]; do
+        p=${queue[0]}
+        queue=("${queue[@]:1}")
+        exe=$(readlink "/proc/$p/exe" 2>/dev/null) || exe=""
+        if [ "$exe" = "$2" ]; then
+            echo "$p"
+            return 0
+        fi
+        kids=()
+        # (no newline at the end of that file: read "fails" but fills kids)
+        read -r -a kids 2>/dev/null < "/proc/$p/task/$p/children" || true
+        for c in "${kids[@]}"; do
+            queue+=("$c")
+        done
+    done
+    return 0
 }
 # wait_lines FILE REGEX N SECS — until FILE has N lines matching REGEX.
 wait_lines() {
@@ -169,17 +186,26 @@ keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "
 print("ENV " + " ".join("%s=%s" % (k, os.environ.get(k, "-")) for k in keys), flush=True)
 print("ARGS " + repr(sys.argv[1:]), flush=True)
 EOF
-# fail.py R: prints its pid, rank R exits 3 after 0.5 s, every other sleeps.
+# fail.py R: prints its pid and whether our marker reached it (else the
+# leftover checks would prove nothing), rank R exits 3 after 0.5 s, every
+# other rank sleeps.
 cat > fail.py <<'EOF'
 import os, sys, time
 r = int(os.environ.get("RANK", "-1"))
-print("started %d %d" % (r, os.getpid()), flush=True)
+with open("/proc/self/environ", "rb") as f:
+    marked = b"\0DSHIM_TEST_MARKER=" in b"\0" + f.read()
+print("started %d %d marker=%s" % (r, os.getpid(), "yes" if marked else "no"), flush=True)
 if r == int(sys.argv[1]):
     time.sleep(0.5)
     sys.exit(3)
 time.sleep(120)
 EOF
 export OMP_NUM_THREADS=1   # (quiets dshim-run's note about it)
+
+# marked FILE — fail.py's ranks all started with the marker (at least one did).
+marked() {
+    grep -q ' started .* marker=yes$' "$1" && ! grep -q ' started .* marker=no$' "$1"
+}
 
 # val FILE PREFIX KEY — KEY's value on the ENV line of PREFIX ("[rank 2]").
 val() {
@@ -241,7 +267,7 @@ check_mxnet() {
 
 # =============================================================== mpirun
 if [ $have_mpi = 1 ]; then
-    echo "== --launcher mpi ($(mpirun --version 2>/dev/null | head -n 1))"
+    echo "== --launcher mpi ($(timeout 10 mpirun --version 2>/dev/null | head -n 1))"
 
     # 1. torchrun style: 4 ranks, environment, arguments with space and quote.
     t=$(now)
@@ -289,7 +315,7 @@ if [ $have_mpi = 1 ]; then
     rc=0
     launch "$run" --launcher mpi --nproc-per-node 4 --master-port 0 fail.py 2 >m4.out 2>m4.err || rc=$?
     el=$(secs "$t")
-    if [ "$rc" = 3 ] && lt "$el" 10 && grep -qE 'rank 2 .*exited with code 3' m4.err && no_leftovers; then
+    if [ "$rc" = 3 ] && lt "$el" 10 && grep -qE 'rank 2 .*exited with code 3' m4.err && marked m4.out && no_leftovers; then
         ok "mpi: rank 2 exits 3 -> rc=3 after $el s: $(grep -E 'rank 2 .*code 3' m4.err | head -n 1)"
     else
         bad "mpi: dshim-run --launcher mpi --nproc-per-node 4 fail.py 2: rc=$rc (want 3) after $el s (want < 10), line naming rank 2 and code 3"
@@ -301,16 +327,18 @@ if [ $have_mpi = 1 ]; then
     tp=$!
     rc=0
     if wait_lines m5.out '\] started ' 4 20; then
-        dp=$(child_of "$tp")
+        dp=$(find_exe "$tp" "$(readlink -f "$run")")
         t=$(now)
-        kill -INT "$dp"
+        if [ -n "$dp" ]; then
+            kill -INT "$dp" 2>/dev/null || true
+        fi
         wait "$tp" || rc=$?
         el=$(secs "$t")
     else
         wait "$tp" || rc=$?
         el="(never started)"
     fi
-    if [ "$rc" = 130 ] && lt "$el" 10 && no_leftovers; then
+    if [ "$rc" = 130 ] && lt "$el" 10 && grep -q 'received SIGINT' m5.err && marked m5.out && no_leftovers; then
         ok "mpi: SIGINT to dshim-run -> rc=130 after $el s, nothing left"
     else
         bad "mpi: SIGINT to dshim-run --launcher mpi --nproc-per-node 4 fail.py -1: rc=$rc (want 130) after $el s"
@@ -324,14 +352,16 @@ if [ $have_mpi = 1 ]; then
     if wait_lines m6.out '\] started ' 4 20; then
         rp=$(awk '$3 == "started" && $4 == 1 { print $5 }' m6.out)
         t=$(now)
-        kill -KILL "$rp"
+        if [ -n "$rp" ]; then
+            kill -KILL "$rp" 2>/dev/null || true
+        fi
         wait "$tp" || rc=$?
         el=$(secs "$t")
     else
         wait "$tp" || rc=$?
         el="(never started)"
     fi
-    if [ "$rc" = 137 ] && lt "$el" 10 && grep -qE 'rank 1 .*SIGKILL' m6.err && no_leftovers; then
+    if [ "$rc" = 137 ] && lt "$el" 10 && grep -qE 'rank 1 .*SIGKILL' m6.err && marked m6.out && no_leftovers; then
         ok "mpi: SIGKILL of rank 1 -> rc=137 after $el s: $(grep -E 'rank 1 .*SIGKILL' m6.err | head -n 1)"
     else
         bad "mpi: SIGKILL of rank 1 under dshim-run --launcher mpi --nproc-per-node 4: rc=$rc (want 137) after $el s"
@@ -356,7 +386,7 @@ fi
 if [ $have_slurm = 1 ]; then
     t=$(now)
     slurm_up 2 8
-    echo "== --launcher slurm (private cluster: $(sinfo -h -o '%D nodes %N'), up in $(secs "$t") s)"
+    echo "== --launcher slurm (private cluster: $(timeout 10 sinfo -h -o '%D nodes %N'), up in $(secs "$t") s)"
 
     # in_alloc.sh CMD...: what dshim-run's user types inside salloc, plus a
     # record of its exit code, its duration and the job's steps right after.
@@ -367,7 +397,7 @@ rc=0
 "$@" || rc=$?
 e=$EPOCHREALTIME
 echo "$rc $s $e" > alloc.stamp
-timeout 10 squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j %T' > alloc.steps 2>&1 || true
+timeout 10 squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' > alloc.steps 2>&1 || true
 exit $rc
 EOF
     chmod +x in_alloc.sh
@@ -420,6 +450,7 @@ EOF
     [ -n "$del" ] && lt "$del" 10 || why="$why took ${del:-?} s (want < 10);"
     grep -qE 'rank 1 on host n1 .*exited with code 3' s7.err || why="$why no line naming rank 1, host n1 and code 3;"
     [ -z "$steps" ] || why="$why steps still listed by squeue after dshim-run returned: $steps;"
+    marked s7.out || why="$why the ranks did not get DSHIM_TEST_MARKER;"
     if [ -z "$why" ] && no_leftovers; then
         ok "slurm: rank 1 exits 3 -> rc=3 after $del s, no step left: $(grep -E 'rank 1 on host' s7.err | head -n 1)"
     else

@@ -9,7 +9,7 @@
 # launch.py-style placement; a remote rank failing, SIGINT, a SIGKILLed worker
 # and a SIGKILLed launcher, each leaving no process anywhere; an unreachable
 # host; --sync-dst-dir with real rsync (and its failure); host:port lines and
-# a host named twice.
+# a host named twice; no run leaving its /tmp/dshim-run-PID dir behind.
 #
 # Every process of a case carries DSHIM_TEST_MARKER=<unique> in its
 # environment (dshim-run forwards it); "nothing left on any host" means no
@@ -17,9 +17,10 @@
 # `dshim-run --agent` inside our namespaces (namespaces share the PID space).
 #
 # Needs root, ip netns, sshd, rsync, python3; skips (77) without the first
-# three.  Env: DSHIM_BUILD_DIR (default: build/ of this checkout).  The whole
+# three and for sanitizer builds (DSHIM_SANITIZE in the build's CMakeCache).  Env: DSHIM_BUILD_DIR (default: build/ of this checkout);
+# MULTIHOST_KEEP=1 keeps every case's stdout/stderr in the temp dir.  The whole
 # script is bounded to 360 s; each dshim-run call by `timeout`.
-# shellcheck source-path=SCRIPTDIR disable=SC2153  # HOSTS_* come from lib/hosts.sh
+# shellcheck source-path=SCRIPTDIR disable=SC2153,SC2015  # HOSTS_* come from lib/hosts.sh; `a && b || fail` is meant
 set -euo pipefail
 
 if [ -z "${MULTIHOST_BOUNDED:-}" ]; then
@@ -36,6 +37,13 @@ bench=$(realpath -m "$build/bin/dshim-bench")
 
 if ! why=$(hosts_available); then
     echo "SKIP: $why"
+    exit 77
+fi
+# dshim-run preloads libdshim.so into every process; a sanitizer build's
+# library cannot load into uninstrumented programs (python3, sleep, bash).
+san=$(sed -n 's/^DSHIM_SANITIZE:STRING=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
+if [ -n "$san" ]; then
+    echo "SKIP: $build is a DSHIM_SANITIZE=$san build, whose libdshim.so cannot be preloaded into python3/sleep; run against the normal build"
     exit 77
 fi
 for f in "$run" "$bench"; do
@@ -58,26 +66,35 @@ work=$(mktemp -d /tmp/test_multihost.XXXXXX)
 chmod 755 "$work"
 extra_dirs=()   # sync destinations (outside $work, as a user's would be)
 bg_tpid=""      # `timeout` wrapping a background dshim-run
+bg_name=""      # its case's output name
+runs=()         # "PID NAME" of every dshim-run started
 marker=""       # the current case's marker
 
 # ------------------------------------------------------------ processes
+# `dshim-run --agent` processes inside our namespaces (remote agents do not
+# show the marker: /proc/PID/environ is their environment at exec).
+agent_pids() {
+    local ns p
+    local -a argv
+    for ns in ${HOSTS_NS:-}; do
+        for p in $(ip netns pids "$ns" 2>/dev/null); do
+            mapfile -d '' argv 2>/dev/null <"/proc/$p/cmdline" || continue
+            if [[ ${argv[0]:-} == *dshim-run && ${argv[1]:-} == --agent* ]]; then
+                echo "$p"
+            fi
+        done
+    done
+}
+
 # PIDs of live processes of marker $1 (environ or argv) plus any dshim-run
 # agent in our namespaces.  The pattern's first letter is bracketed so grep's
 # own argv does not match it.
 job_pids() {
-    local m=$1 ns p
-    local -a argv
+    local m=$1 p
     {
         grep -lsaE -- "[${m:0:1}]${m:1}" /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null |
             sed -E 's#^/proc/([0-9]+)/.*#\1#' || true
-        for ns in ${HOSTS_NS:-}; do
-            for p in $(ip netns pids "$ns" 2>/dev/null); do
-                mapfile -d '' argv 2>/dev/null <"/proc/$p/cmdline" || continue
-                if [[ ${argv[0]:-} == *dshim-run && ${argv[1]:-} == --agent* ]]; then
-                    echo "$p"
-                fi
-            done
-        done
+        agent_pids
     } | sort -un | while read -r p; do
         [ "$p" != "$$" ] && [ "$p" != "$BASHPID" ] && _hosts_alive "$p" && echo "$p"
     done
@@ -114,10 +131,15 @@ kill_marker() {
 }
 
 stop_bg() {
+    local pid
     if [ -n "$bg_tpid" ]; then
+        # dshim-run first (timeout and the subshell then end), as a case that gave up would
+        pid=$(cat "$work/$bg_name.pid" 2>/dev/null || true)
+        [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
         kill -KILL "$bg_tpid" 2>/dev/null || true
         wait "$bg_tpid" 2>/dev/null || true
         bg_tpid=""
+        note_run
     fi
 }
 
@@ -129,49 +151,83 @@ cleanup() {
     for d in "${extra_dirs[@]}"; do
         rm -rf "$d"
     done
-    rm -rf "$work"
+    if [ -n "${MULTIHOST_KEEP:-}" ]; then
+        echo "test_multihost: outputs kept in $work (MULTIHOST_KEEP)"
+    else
+        rm -rf "$work"
+    fi
 }
 trap cleanup EXIT
 trap 'exit 143' TERM INT HUP
 
 # ------------------------------------------------------------ launching
-# fg_run NAME LIMIT_S [VAR=VAL...] -- ARGS... : dshim-run on host 0 in the
-# current directory, bounded; sets rc and took_ms; output in $work/NAME.{out,err}.
-fg_run() {
-    local name=$1 limit=$2 t0
+# start NAME DIR LIMIT_S [VAR=VAL...] -- ARGS... : dshim-run on host 0 in DIR,
+# in the background, bounded by timeout; output in $work/NAME.{out,err}.
+# $bg_tpid is a subshell that waits for timeout and exits with its status
+# (not exec'ed, and its own stderr silenced: a job dying of SIGKILL would make
+# bash print "Killed").  The
+# bash under timeout writes its PID to $work/NAME.pid and execs env, which
+# execs dshim-run: that is dshim-run's PID.
+start() {
+    local name=$1 dir=$2 limit=$3
     local -a envs=()
-    shift 2
+    shift 3
     while [ "$1" != -- ]; do envs+=("$1"); shift; done
     shift
-    t0=$(now_ms)
-    rc=0
-    hosts_exec 0 timeout -k 5 "$limit" env DSHIM_TEST_MARKER="$marker" DSHIM_RUN_SSH="$HOSTS_SSH" "${envs[@]}" \
-        "$run" "$@" </dev/null >"$work/$name.out" 2>"$work/$name.err" || rc=$?
-    took_ms=$(($(now_ms) - t0))
-}
-
-# bg_run NAME ARGS... : dshim-run on host 0 in the background (bounded to 60 s).
-# `ip netns exec` execs, so $! is timeout, whose only child is dshim-run.
-bg_run() {
-    local name=$1
-    shift
-    ip netns exec "${HOSTS_NS%% *}" timeout -k 5 60 env DSHIM_TEST_MARKER="$marker" DSHIM_RUN_SSH="$HOSTS_SSH" \
-        "$run" "$@" </dev/null >"$work/$name.out" 2>"$work/$name.err" &
+    rm -f "$work/$name.pid"
+    (
+        cd "$dir" || exit 1
+        # shellcheck disable=SC2016  # expanded by that bash
+        ip netns exec "${HOSTS_NS%% *}" timeout -k 5 "$limit" \
+            bash -c 'echo $$ >"$0"; exec "$@"' "$work/$name.pid" \
+            env DSHIM_TEST_MARKER="$marker" DSHIM_RUN_SSH="$HOSTS_SSH" "${envs[@]}" "$run" "$@" \
+            </dev/null >"$work/$name.out" 2>"$work/$name.err"
+        status=$?
+        exit $status
+    ) 2>/dev/null &
     bg_tpid=$!
+    bg_name=$name
 }
 
-# PID of the dshim-run that bg_run started.
+# PID of the dshim-run that `start` started last (waits for it to be written).
 bg_launcher_pid() {
-    local kids n
+    local n pid=""
     for ((n = 0; n < 50; n++)); do
-        kids=$(cat "/proc/$bg_tpid/task/$bg_tpid/children" 2>/dev/null || true)
-        if [ -n "$kids" ]; then
-            echo "${kids%% *}"
+        pid=$(cat "$work/$bg_name.pid" 2>/dev/null || true)
+        if [ -n "$pid" ]; then
+            echo "$pid"
             return 0
         fi
         sleep 0.1
     done
     return 1
+}
+
+# Remembers which dshim-run ran for which case (for the /tmp check at the end).
+note_run() {
+    local pid
+    pid=$(cat "$work/$bg_name.pid" 2>/dev/null || true)
+    [ -n "$pid" ] && runs+=("$pid $bg_name")
+    return 0
+}
+
+# fg_run NAME DIR LIMIT_S [VAR=VAL...] -- ARGS... : start and wait; sets rc and took_ms.
+fg_run() {
+    local t0
+    t0=$(now_ms)
+    start "$@"
+    rc=0
+    wait "$bg_tpid" || rc=$?
+    bg_tpid=""
+    took_ms=$(($(now_ms) - t0))
+    note_run
+}
+
+# bg_run NAME ARGS... : dshim-run on host 0 in $work, in the background, bounded to 60 s.
+bg_run() {
+    local name=$1
+    shift
+    start "$name" "$work" 60 -- "$@"
 }
 
 # bg_wait DEADLINE_MS — sets rc once the background dshim-run ended; 1 if it
@@ -186,6 +242,7 @@ bg_wait() {
     rc=0
     wait "$bg_tpid" || rc=$?
     bg_tpid=""
+    note_run
     return 0
 }
 
@@ -248,7 +305,9 @@ chmod +x "$work/job.sh"
 # field LINE KEY — value of KEY=... in a SHOW line.
 field() {
     local w
-    for w in $1; do
+    local -a words
+    read -r -a words <<<"$1"   # no globbing: argv may hold a '*'
+    for w in "${words[@]}"; do
         if [[ $w == "$2="* ]]; then
             echo "${w#*=}"
             return 0
@@ -286,11 +345,12 @@ hf="$work/hf"
 # ------------------------------------------------------------ cases
 # 1. torchrun style: placement, environment, arguments that must not be parsed by any shell.
 t_torch() {
-    local pwn="/tmp/pwned-$(uuid)" want line r g ipsw n=0 seen=""
+    local pwn want line r g ipsw n=0 seen=""
+    pwn="/tmp/pwned-$(uuid)"
     local -a args=("a b" "it's" 'say "hi"' "\$(touch $pwn-dollar)" "\`touch $pwn-tick\`" "x;touch $pwn-semi"
         "*" "" "tab	here")
     want=$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "${args[@]}")
-    (cd "$work" && fg_run torch 30 -- -H "$hf" --nproc-per-node 2 show.py "${args[@]}")
+    fg_run torch "$work" 30 -- -H "$hf" --nproc-per-node 2 show.py "${args[@]}"
     [ "$rc" = 0 ] || { echo "  exit code $rc, expected 0"; show_output torch; return 1; }
     while read -r line; do
         [[ $line == "[rank "*"] SHOW "* ]] || continue
@@ -323,7 +383,7 @@ t_torch() {
 t_bench() {
     local name=$1
     shift
-    (cd "$work" && fg_run "$name" 90 "$@" -- -H "$hf" --nproc-per-node 2 --no-python "$bench" -b 1M -e 1M -t 0.5)
+    fg_run "$name" "$work" 90 "$@" -- -H "$hf" --nproc-per-node 2 --no-python "$bench" -b 1M -e 1M -t 0.5
     [ "$rc" = 0 ] || { echo "  exit code $rc, expected 0"; show_output "$name"; return 1; }
     grep -qE '^\[rank 0\] +[0-9]+ .* ok$' "$work/$name.out" ||
         { echo "  no result line of rank 0 ending in 'ok'"; show_output "$name"; return 1; }
@@ -337,7 +397,7 @@ t_bench() {
 t_mxnet() {
     local line name role ipsw port="" want_host i n=0
     local -a expect=("server 0" "server 1" "worker 0" "worker 1")
-    (cd "$work" && fg_run mxnet 30 -- -n 2 -s 2 -H "$hf" python3 show.py)
+    fg_run mxnet "$work" 30 -- -n 2 -s 2 -H "$hf" python3 show.py
     [ "$rc" = 0 ] || { echo "  exit code $rc, expected 0"; show_output mxnet; return 1; }
     line=$(grep -E '^\[scheduler\] SHOW ' "$work/mxnet.out" || true)
     [ -n "$line" ] || { echo "  no output of the scheduler"; show_output mxnet; return 1; }
@@ -396,11 +456,18 @@ t_remote_fail() {
 
 # 5a. SIGINT to dshim-run while the job runs on 3 hosts.
 t_sigint() {
-    local d="$work/c5a" pid t0 ok=0
+    local d="$work/c5a" pid t0 n ok=0
     mkdir -p "$d"
     bg_run sigint -H "$hf" --nproc-per-node 2 --no-python "$work/job.sh" "$d" sleep
     wait_files "$d/started.*" 6 20 || { show_output sigint; return 1; }
     pid=$(bg_launcher_pid) || { echo "  cannot find dshim-run's pid"; return 1; }
+    [ "$(readlink "/proc/$pid/exe")" = "$run" ] || { echo "  pid $pid is not $run"; ok=1; }
+    # the scan that later says "nothing left" must see the running job: 3
+    # agents, 6 ranks, 2 ssh clients, dshim-run and timeout
+    n=$(agent_pids | wc -l)
+    [ "$n" = 3 ] || { echo "  the scan sees $n agents, expected 3"; ok=1; }
+    n=$(job_pids "$marker" | wc -l)
+    [ "$n" -ge 13 ] || { echo "  the scan sees $n processes of the job, expected >= 13"; ok=1; }
     t0=$(now_ms)
     kill -INT "$pid"
     bg_wait $((t0 + 10000)) || { echo "  dshim-run still running 10 s after SIGINT"; show_output sigint; return 1; }
@@ -446,6 +513,7 @@ t_launcher_sigkill() {
     t0=$(now_ms)
     kill -KILL "$pid"
     bg_wait $((t0 + 5000)) || { echo "  timeout(1) still waiting 5 s after dshim-run was killed"; ok=1; }
+    [ "$rc" = 137 ] || { echo "  timeout(1) says $rc, expected 137 (SIGKILL)"; ok=1; }
     wait_gone "$marker" $((t0 + 10000)) || ok=1
     echo "  everything gone $(($(now_ms) - t0)) ms after SIGKILL"
     return $ok
@@ -458,7 +526,7 @@ t_unreachable() {
     bad="${ips[0]%.*}.99"
     cp "$hf" "$hf6"
     echo "$bad" >>"$hf6"
-    (cd "$work" && fg_run unreach 40 -- -H "$hf6" --nproc-per-node 1 --no-python "$work/job.sh" "$d" sleep)
+    fg_run unreach "$work" 40 -- -H "$hf6" --nproc-per-node 1 --no-python "$work/job.sh" "$d" sleep
     echo "  dshim-run took $took_ms ms"
     [ "$rc" = 2 ] || { echo "  exit code $rc, expected 2"; ok=1; }
     [ "$took_ms" -le 22000 ] || { echo "  took more than ~20 s"; ok=1; }
@@ -473,7 +541,8 @@ t_unreachable() {
 # 7a. --sync-dst-dir: the directory reaches every host (rsync over ssh) and the job runs there.
 accepted() { grep -c "Accepted publickey" "$HOSTS_DIR/h$1.log" || true; }
 t_sync() {
-    local src="$work/src7" base="/tmp/mh-sync-$$-$(uuid)" dst line r g n=0 data
+    local src="$work/src7" base dst line r g n=0 data
+    base="/tmp/mh-sync-$$-$(uuid)"
     local -a before=()
     dst="$base/dst"
     extra_dirs+=("$base")
@@ -482,7 +551,7 @@ t_sync() {
     cp "$work/show.py" "$src/script.py"
     echo "$data" >"$src/data.txt"
     before=("$(accepted 1)" "$(accepted 2)")
-    (cd "$src" && fg_run sync 60 -- -H "$hf" --sync-dst-dir "$dst" --nproc-per-node 1 script.py)
+    fg_run sync "$src" 60 -- -H "$hf" --sync-dst-dir "$dst" --nproc-per-node 1 script.py
     rm -rf "$base"
     [ "$rc" = 0 ] || { echo "  exit code $rc, expected 0"; show_output sync; return 1; }
     while read -r line; do
@@ -503,12 +572,13 @@ t_sync() {
 
 # 7b. a destination that cannot be created: exit 2 naming the host and rsync's error; nothing started.
 t_sync_fail() {
-    local src="$work/src7" base="/tmp/mh-sync-$$-$(uuid)" d="$work/c7b" i line ok=0
+    local src="$work/src7" base d="$work/c7b" i line ok=0
+    base="/tmp/mh-sync-$$-$(uuid)"
     extra_dirs+=("$base")
     mkdir -p "$base" "$d" "$src"
     : >"$base/blocker"
-    (cd "$src" && fg_run syncfail 60 -- -H "$hf" --sync-dst-dir "$base/blocker/dst" --nproc-per-node 1 \
-        --no-python "$work/job.sh" "$d" sleep)
+    fg_run syncfail "$src" 60 -- -H "$hf" --sync-dst-dir "$base/blocker/dst" --nproc-per-node 1 \
+        --no-python "$work/job.sh" "$d" sleep
     rm -rf "$base"
     echo "  dshim-run took $took_ms ms"
     [ "$rc" = 2 ] || { echo "  exit code $rc, expected 2"; ok=1; }
@@ -528,7 +598,7 @@ t_sync_fail() {
 t_ports() {
     local hfp="$work/hf_ports" line r g n=0
     hosts_write_hostfile "$hfp" 22
-    (cd "$work" && fg_run ports 30 -- -H "$hfp" --nproc-per-node 1 show.py)
+    fg_run ports "$work" 30 -- -H "$hfp" --nproc-per-node 1 show.py
     [ "$rc" = 0 ] || { echo "  exit code $rc, expected 0"; show_output ports; return 1; }
     while read -r line; do
         [[ $line == "[rank "*"] SHOW "* ]] || continue
@@ -545,7 +615,7 @@ t_ports() {
 t_twice() {
     local hft="$work/hf_twice" line n=0 groups=""
     printf '%s\n%s\n' "${ips[1]}" "${ips[1]}" >"$hft"
-    (cd "$work" && fg_run twice 30 -- -H "$hft" --nnodes 2 --nproc-per-node 1 show.py)
+    fg_run twice "$work" 30 -- -H "$hft" --nnodes 2 --nproc-per-node 1 show.py
     [ "$rc" = 0 ] || { echo "  exit code $rc, expected 0"; show_output twice; return 1; }
     while read -r line; do
         [[ $line == "[rank "*"] SHOW "* ]] || continue
@@ -558,6 +628,23 @@ t_twice() {
     [ "$n" = 2 ] || { echo "  $n processes reported, expected 2"; show_output twice; return 1; }
     [ "$(grep -o . <<<"$groups" | sort | tr -d '\n')" = 01 ] ||
         { echo "  GROUP_RANKs seen: $groups, expected 0 and 1"; return 1; }
+}
+
+# 9. no run left its per-job temp dir (TORCHELASTIC_ERROR_FILE's /tmp/dshim-run-PID)
+# behind; the test removes what it finds.
+t_tmp_left() {
+    local entry pid name ok=0
+    for entry in "${runs[@]}"; do
+        pid=${entry%% *}
+        name=${entry#* }
+        if [ -e "/tmp/dshim-run-$pid" ]; then
+            echo "  $name left /tmp/dshim-run-$pid: $(cd /tmp && find "dshim-run-$pid" | tr '\n' ' ')"
+            rm -rf "/tmp/dshim-run-$pid"
+            ok=1
+        fi
+    done
+    [ "${#runs[@]}" = 13 ] || { echo "  ${#runs[@]} runs recorded, expected 13"; ok=1; }
+    return $ok
 }
 
 # ------------------------------------------------------------ main
@@ -583,6 +670,7 @@ check "7a --sync-dst-dir: job runs in the synced dir on every host" t_sync
 check "7b --sync-dst-dir that cannot be created: exit 2, nothing started" t_sync_fail
 check "8a host:22 lines" t_ports
 check "8b same host twice with --nnodes 2" t_twice
+check "9 no run left /tmp/dshim-run-PID behind" t_tmp_left
 
 echo "timings:"
 printf '  %s\n' "${timings[@]}"
