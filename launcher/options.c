@@ -278,6 +278,16 @@ static void validate(run_opts_t *o, const seen_t *seen)
         return;
     }
     /* torchrun style */
+    if (o->launcher == RUN_LAUNCHER_SLURM) {
+        /* the allocation's shape, unless given: what an sbatch script asked for */
+        const dshim_config_t *cfg = dshim_config();
+        if (o->nnodes < 0 && cfg->slurm_nnodes > 0) {
+            o->nnodes = (int)cfg->slurm_nnodes;
+        }
+        if (o->nproc_per_node < 0 && cfg->slurm_ntasks_per_node && atoi(cfg->slurm_ntasks_per_node) > 0) {
+            o->nproc_per_node = atoi(cfg->slurm_ntasks_per_node);
+        }
+    }
     if (o->module && o->no_python) {
         run_usage_error("-m/--module and --no-python contradict each other; use one");
     }
