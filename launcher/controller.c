@@ -174,6 +174,9 @@ static void on_agent_line(void *vctx, const char *line, size_t len)
         if (c->stopping && a->ch.in_fd < 0 && a->g->kind >= RUN_AGENT_MPI) {
             return;  /* mpirun's / srun's account of the abort we already reported */
         }
+        if (ctx->err && !a->hello && a->g->kind == RUN_AGENT_SSH) {
+            return;  /* ssh's complaint; the "cannot reach host" line quotes it */
+        }
         fprintf(ctx->err ? stderr : stdout, "[%s] %.*s\n", a->desc, (int)len, line);
         fflush(ctx->err ? stderr : stdout);
         return;

@@ -27,13 +27,22 @@ typedef struct {
     bool done;
     int status;
     char last_err[400];
+    bool have_reason;
     run_linebuf_t lb;
 } sync_job_t;
 
-static void keep_last(void *ctx, const char *line, size_t len)
+/* rsync ends with a summary ("rsync error: error in file IO (code 11)...");
+ * the line that says what went wrong comes first ("rsync: [Receiver] mkdir
+ * ... failed: Not a directory"), so keep the first such line. */
+static void keep_reason(void *ctx, const char *line, size_t len)
 {
     sync_job_t *j = ctx;
+    bool summary = len >= 12 && strncmp(line, "rsync error:", 12) == 0;
+    if (j->have_reason || (summary && j->last_err[0])) {
+        return;
+    }
     snprintf(j->last_err, sizeof(j->last_err), "%.*s", (int)len, line);
+    j->have_reason = !summary;
 }
 
 int run_sync_dirs(const run_opts_t *o, const char *src, const char *dst)
@@ -113,9 +122,9 @@ int run_sync_dirs(const run_opts_t *o, const char *src, const char *dst)
                     char buf[4096];
                     ssize_t r = read(j->ch.err_fd, buf, sizeof(buf));
                     if (r > 0) {
-                        run_linebuf_feed(&j->lb, buf, (size_t)r, keep_last, j);
+                        run_linebuf_feed(&j->lb, buf, (size_t)r, keep_reason, j);
                     } else if (r == 0 || errno != EINTR) {
-                        run_linebuf_flush(&j->lb, keep_last, j);
+                        run_linebuf_flush(&j->lb, keep_reason, j);
                         close(j->ch.err_fd);
                         j->ch.err_fd = -1;
                     }
