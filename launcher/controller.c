@@ -216,7 +216,9 @@ static void on_agent_line(void *vctx, const char *line, size_t len)
         p->sig = f.b;
         const char *name = c->plan->procs[f.idx].name;
         if (f.b != 0 || f.a != 0) {
-            run_output_show_tail(c->out, f.idx);
+            if (!c->stopping) {
+                run_output_show_tail(c->out, f.idx);  /* the failure, not the ones we stop */
+            }
             const char *sep = p->reason ? ": " : "";
             const char *why = p->reason ? p->reason : "";
             if (f.b != 0) {

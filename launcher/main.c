@@ -16,7 +16,7 @@ int main(int argc, char **argv)
     if (argc == 2 && strcmp(argv[1], "--agent-rank") == 0) {
         return run_agent_main(true);
     }
-    if (dshim_config_reload() != DSHIM_OK) {
+    if (dshim_config_check() != DSHIM_OK) {
         run_usage_error("%s", dshim_last_error());
     }
     run_opts_t opts;

@@ -137,7 +137,9 @@ static const char *type_hint(dshim_ptype_t t)
 }
 
 /* Fills cfg; returns the first bad value's status (the others still load). */
-static dshim_status_t load(dshim_config_t *cfg)
+/* quiet: the caller refuses bad values itself (dshim-run exits 2), so no
+ * warning and no "using the default" in the message. */
+static dshim_status_t load(dshim_config_t *cfg, int quiet)
 {
     dshim_status_t first_bad = DSHIM_OK;
     char first_msg[512] = "";
@@ -158,9 +160,14 @@ static dshim_status_t load(dshim_config_t *cfg)
         st = parse_value(r, val, cfg);
         if (st != DSHIM_OK) {
             char msg[512];
-            snprintf(msg, sizeof(msg),
-                     "invalid value '%s' for %s: expected %s; using the default '%s' (see dshim-run --print-config)",
-                     val, r->env, type_hint(r->type), r->def);
+            if (quiet) {
+                snprintf(msg, sizeof(msg), "invalid value '%s' for %s: expected %s; fix or unset it (defaults: "
+                         "dshim-run --print-config)", val, r->env, type_hint(r->type));
+            } else {
+                snprintf(msg, sizeof(msg),
+                         "invalid value '%s' for %s: expected %s; using the default '%s' (see dshim-run "
+                         "--print-config)", val, r->env, type_hint(r->type), r->def);
+            }
             if (r->type != DSHIM_PTYPE_STR) {
                 parse_value(r, r->def, cfg);
             }
@@ -168,8 +175,10 @@ static dshim_status_t load(dshim_config_t *cfg)
                 first_bad = st;
                 snprintf(first_msg, sizeof(first_msg), "%s", msg);
             }
-            /* logging may not be set up yet: write directly */
-            fprintf(stderr, "DSHIM WARN %s\n", msg);
+            if (!quiet) {
+                /* logging may not be set up yet: write directly */
+                fprintf(stderr, "DSHIM WARN %s\n", msg);
+            }
         } else {
             cfg->from_env[i] = 1;
         }
@@ -184,7 +193,7 @@ static dshim_status_t load_status = DSHIM_OK;
 
 static void config_once_fn(void)
 {
-    load_status = load(&config);
+    load_status = load(&config, 0);
 }
 
 const dshim_config_t *dshim_config(void)
@@ -218,10 +227,22 @@ dshim_status_t dshim_config_reload(void)
     dshim_config();
     pthread_mutex_lock(&config_lock);
     dshim_config_t fresh;
-    dshim_status_t st = load(&fresh);
+    dshim_status_t st = load(&fresh, 0);
     retire_strings(&config);
     config = fresh;
     pthread_mutex_unlock(&config_lock);
+    return st;
+}
+
+dshim_status_t dshim_config_check(void)
+{
+    dshim_config_t scratch;
+    dshim_status_t st = load(&scratch, 1);
+    for (size_t i = 0; i < NROWS; i++) {
+        if (rows[i].type == DSHIM_PTYPE_STR) {
+            free(*(char **)((char *)&scratch + rows[i].offset));
+        }
+    }
     return st;
 }
 

@@ -29,6 +29,10 @@ const dshim_config_t *dshim_config(void);
 /* Reparse (tests only). Returns DSHIM_ERR_INVALID if any value was bad,
  * with the message in dshim_last_error(). */
 dshim_status_t dshim_config_reload(void);
+/* Parses the environment without logging or keeping anything: DSHIM_OK, or
+ * DSHIM_ERR_INVALID with the first bad value in dshim_last_error() (for
+ * callers that refuse to start, such as dshim-run). */
+dshim_status_t dshim_config_check(void);
 /* Parse one value with the table's parser for that variable (tests, CLI). */
 dshim_status_t dshim_config_parse_size(const char *text, size_t *out);
 dshim_status_t dshim_config_parse_bool(const char *text, int *out);

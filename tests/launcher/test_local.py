@@ -497,7 +497,7 @@ def _hostfile(workdir, text, name="hosts"):
 # (id, args(workdir) -> list, env overrides, a text the message must contain)
 BAD_INPUT = [
     ("missing-hostfile", lambda w: ["-H", str(w / "no-such-hosts"), "probe.py"], {}, "no-such-hosts"),
-    ("directory-hostfile", lambda w: ["-H", str(w), "probe.py"], {}, None),
+    ("directory-hostfile", lambda w: ["-H", str(w), "probe.py"], {}, "directory"),
     ("empty-hostfile", lambda w: ["-H", _hostfile(w, ""), "probe.py"], {}, "hosts"),
     ("blank-line-between-hosts", lambda w: ["-H", _hostfile(w, "localhost\n\n127.0.0.1\n"), "probe.py"], {}, "line 2"),
     ("bad-port", lambda w: ["-H", _hostfile(w, "localhost:99999\n"), "probe.py"], {}, "99999"),
@@ -696,6 +696,7 @@ def test_ld_preload(run, write_script, libdshim, no_leftovers, existing):
 # ---- 11. a real PyTorch DDP job --------------------------------------------
 
 DDP_SCRIPT = """
+import gc
 import os
 import torch
 import torch.distributed as dist
@@ -725,7 +726,13 @@ dist.all_reduce(t)
 assert torch.all(t == world * (world + 1) / 2), t[:4]
 dist.barrier()
 print("DDP OK rank=%d sum=%g" % (rank, t[0].item()), flush=True)
+# Release DDP and the group before the interpreter exits: torch 2.11's gloo group,
+# when destroyed by the final GC, sometimes hangs or aborts (seen 4 in 25 runs under
+# torch's own torchrun); that is torch's problem, not the launcher's.
+del model, opt
+gc.collect()
 dist.destroy_process_group()
+gc.collect()
 """
 
 
