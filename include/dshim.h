@@ -198,6 +198,12 @@ DSHIM_EXPORT void dshim_comm_stats(const dshim_comm_t *comm, dshim_stats_t *stat
  * with its default, current value and help to the stream (a FILE*). */
 DSHIM_EXPORT void dshim_print_config(void *file);
 
+/* The effective value of one variable of the table (e.g. "DSHIM_TAKEOVER"),
+ * as text, after parsing: how the Python package and other bindings read
+ * dshim's configuration without reading the environment themselves.
+ * Returns 0, or -1 for a name that is not in the table. */
+DSHIM_EXPORT int dshim_config_get(const char *name, char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

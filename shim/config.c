@@ -312,3 +312,23 @@ DSHIM_EXPORT void dshim_print_config(void *file)
 {
     dshim_config_print(file ? (FILE *)file : stdout, 0);
 }
+
+DSHIM_EXPORT int dshim_config_get(const char *name, char *buf, size_t len)
+{
+    const dshim_config_t *cfg = dshim_config();
+    for (size_t i = 0; i < NROWS; i++) {
+        if (strcmp(rows[i].env, name) != 0) {
+            continue;
+        }
+        const void *field = (const char *)cfg + rows[i].offset;
+        switch (rows[i].type) {
+        case DSHIM_PTYPE_STR: snprintf(buf, len, "%s", *(char *const *)field); break;
+        case DSHIM_PTYPE_INT: snprintf(buf, len, "%ld", *(const long *)field); break;
+        case DSHIM_PTYPE_SIZE: snprintf(buf, len, "%zu", *(const size_t *)field); break;
+        case DSHIM_PTYPE_BOOL: snprintf(buf, len, "%d", *(const int *)field); break;
+        case DSHIM_PTYPE_DOUBLE: snprintf(buf, len, "%g", *(const double *)field); break;
+        }
+        return 0;
+    }
+    return -1;
+}
