@@ -52,4 +52,9 @@ if ! venv_ok; then
     .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy pytest pytest-timeout
     venv_ok || { echo "setup: .venv is broken after install (import torch failed)" >&2; exit 1; }
 fi
+# The torch.distributed backend "dshim" (python/), editable: this checkout's code and build/lib/libdshim.so.
+if ! .venv/bin/pip show dshim >/dev/null 2>&1; then
+    echo "setup: installing the dshim torch backend into .venv (pip install -e python)"
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps -e python
+fi
 echo "setup: ok ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

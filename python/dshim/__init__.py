@@ -1,0 +1,64 @@
+"""dshim for PyTorch: registers the torch.distributed backend "dshim".
+
+    import torch.distributed as dist
+    dist.init_process_group("dshim")      # after `import dshim`, or automatically:
+
+torch >= 2.5 calls `_autoload` at the end of `import torch` (entry point group
+"torch.backends"), so installed scripts need no import at all.  Registration
+is cheap (libdshim.so is loaded only when a group is created), idempotent, and
+never raises during `import torch`.
+"""
+import inspect
+import logging
+
+__all__ = ["register", "BACKEND_NAME"]
+__version__ = "0.1.0"
+
+BACKEND_NAME = "dshim"
+log = logging.getLogger("dshim")
+
+
+def _create(store, rank, size, timeout):
+    # imported here: the ProcessGroup module loads nothing heavy, but keeping it
+    # out of `import torch` keeps autoload minimal
+    from .process_group import create_process_group
+    return create_process_group(store, rank, size, timeout)
+
+
+def register():
+    """Registers backend "dshim" with torch.distributed (idempotent).
+    Returns True when it is registered (now or before)."""
+    import torch.distributed as dist
+    if not dist.is_available():
+        return False
+    Backend = dist.Backend
+    plugins = getattr(Backend, "_plugins", None)
+    if plugins is not None and BACKEND_NAME.upper() in plugins:
+        return True
+    if plugins is None and hasattr(Backend, BACKEND_NAME.upper()):
+        return True   # torch without _plugins (1.x): the name attribute marks it
+    kwargs = {"extended_api": False}
+    try:
+        if "devices" in inspect.signature(Backend.register_backend).parameters:
+            kwargs["devices"] = ["cpu", "cuda"]   # a list: some versions iterate a string by character
+    except (TypeError, ValueError):
+        pass
+    Backend.register_backend(BACKEND_NAME, _create, **kwargs)
+    return True
+
+
+def _autoload():
+    """Entry point of group "torch.backends": runs at the end of `import torch`.
+    An exception here would abort `import torch`, so it only logs."""
+    try:
+        register()
+    except Exception as e:   # never break `import torch`
+        log.warning("dshim: could not register the torch.distributed backend 'dshim': %s", e)
+        return
+    # under dshim-run / LD_PRELOAD=libdshim.so: gloo/nccl/default groups go over dshim too
+    from . import takeover
+    takeover.maybe_install()
+
+
+# `import dshim` registers too (torch < 2.5 has no autoload)
+_autoload()

@@ -1,0 +1,436 @@
+"""One dshim communicator per torch process group: its rendezvous through the
+torch store, its completion thread, and the watchdog that enforces the
+group's timeout.
+
+Asynchronous operations are issued with the non-blocking dshim_i* calls and
+return at once; dshim completes the requests of one communicator in issue
+order, and one completion thread per communicator waits for them in that
+order and completes the torch Futures (ctypes releases the GIL while it
+waits).  Synchronous ones run the blocking dshim call in the caller's thread.
+"""
+import atexit
+import collections
+import ctypes
+import logging
+import os
+import queue
+import secrets
+import socket
+import threading
+import time
+
+import torch
+
+from . import _lib
+
+log = logging.getLogger("dshim")
+
+_Future = torch.futures.Future
+_byref = ctypes.byref
+_c_void_p = ctypes.c_void_p
+_now = time.monotonic
+_BOOTSTRAP_KEY = "dshim/bootstrap"
+_READERS_KEY = "dshim/bootstrap_readers"
+
+
+# --------------------------------------------------------------------------
+# rendezvous
+# --------------------------------------------------------------------------
+
+def _store_host(store):
+    """The host of the TCPStore under (Prefix)Store wrappers, or None."""
+    for _ in range(16):
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        nxt = getattr(store, "underlying_store", None)
+        if nxt is None or nxt is store:
+            return None
+        store = nxt
+    return None
+
+
+def _is_loopback(ip):
+    return ip.startswith("127.") or ip == "::1"
+
+
+def _my_address(store):
+    """The IPv4 address under which the other ranks reach this host: the source
+    address of the route to the job's master (MASTER_ADDR, else the torch
+    store's host), or 127.0.0.1 when the master is this host's loopback."""
+    master = os.environ.get("MASTER_ADDR") or _store_host(store)
+    if not master:
+        try:
+            ip = socket.gethostbyname(socket.gethostname())
+            return "127.0.0.1" if _is_loopback(ip) else ip
+        except OSError:
+            return "127.0.0.1"
+    try:
+        ip = socket.getaddrinfo(master, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except OSError as e:
+        raise RuntimeError(f"dshim: cannot resolve the master address {master!r}: {e}; "
+                           f"set MASTER_ADDR to an IPv4 address of rank 0's host") from None
+    if _is_loopback(ip):
+        return "127.0.0.1"
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((ip, 9))   # UDP: no packet is sent, the kernel only picks the route
+        return s.getsockname()[0]
+    except OSError:
+        return ip
+    finally:
+        s.close()
+
+
+def _free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def _rendezvous(store, rank, size):
+    """(addr, port, token) of this group's dshim store, agreed through the
+    torch store: group rank 0 publishes where it will host it.  MASTER_PORT is
+    never used: rank 0's torch TCPStore listens there."""
+    if rank == 0:
+        addr = _my_address(store) if size > 1 else "127.0.0.1"
+        port = _free_port() if size > 1 else 0
+        token = secrets.token_hex(16)
+        if size > 1:
+            store.set(_BOOTSTRAP_KEY, f"{addr} {port} {token}")
+        return addr, port, token
+    value = store.get(_BOOTSTRAP_KEY).decode()
+    try:
+        # the last reader removes the key: a re-created group with the same
+        # name on a reused store must not find this (dead) address
+        if store.add(_READERS_KEY, 1) == size - 1:
+            store.delete_key(_BOOTSTRAP_KEY)
+            store.delete_key(_READERS_KEY)
+    except Exception:   # stores without delete_key (older torch) keep the key
+        pass
+    addr, port, token = value.split()
+    return addr, int(port), token
+
+
+# --------------------------------------------------------------------------
+# one dshim communicator, its completion thread and its watchdog entry
+# --------------------------------------------------------------------------
+
+class _Op:
+    __slots__ = ("label", "seq", "reqs", "fut", "keep", "post", "result", "t_issue", "timeout", "done", "err",
+                 "announced")
+
+
+_live = []                 # open communicators, in creation order (atexit closes them)
+_live_lock = threading.Lock()
+_watch_wake = threading.Event()
+_watch_thread = None
+_watch_pid = None          # threads do not survive fork: a child starts its own watchdog
+_atexit_registered = False
+
+
+def _watchdog_main():
+    while True:
+        with _live_lock:
+            comms = list(_live)
+        interval = 1.0
+        now = _now()
+        for c in comms:
+            try:
+                interval = min(interval, c._check_timeout(now))
+            except Exception:   # never let the watchdog die
+                log.exception("dshim: watchdog")
+        _watch_wake.wait(max(interval, 0.02))
+        _watch_wake.clear()
+
+
+def _at_exit():
+    with _live_lock:
+        comms = [c for c in reversed(_live) if c.pid == os.getpid()]
+    for c in comms:
+        try:
+            c.close(at_exit=True)
+        except Exception:
+            log.exception("dshim: closing a communicator at exit")
+
+
+class _Comm:
+    def __init__(self, store, rank, size, timeout_s, desc):
+        global _watch_thread, _watch_pid, _atexit_registered
+        self.lib = _lib.lib()
+        self.rank = rank
+        self.size = size
+        self.desc = desc
+        self.timeout_s = timeout_s
+        self.pid = os.getpid()
+        self.store = store
+        addr, port, token = _rendezvous(store, rank, size)
+        args = _lib.CommArgs(rank=rank, size=size, store_addr=addr.encode(), store_port=port,
+                             token=token.encode(), store_external=0)
+        handle = ctypes.c_void_p()
+        st = self.lib.dshim_comm_init(_byref(args), _byref(handle))
+        if st < 0:
+            raise RuntimeError(f"dshim: rank {rank}/{size} ({desc}): joining the group through the store at "
+                               f"{addr}:{port} failed: {_lib.last_error()}")
+        self.comm = handle.value
+        self.transport = (self.lib.dshim_comm_transport(self.comm) or b"?").decode()
+        self._q = queue.SimpleQueue()
+        self._thread = None
+        self._thread_lock = threading.Lock()
+        self._ops = collections.deque()
+        self._ops_lock = threading.Lock()
+        self._last_done = _now()
+        self._seq = 0
+        self._timeout_msg = None
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._handle_lock = threading.Lock()
+        with _live_lock:
+            _live.append(self)
+            if not _atexit_registered:
+                atexit.register(_at_exit)
+                _atexit_registered = True
+            if _watch_thread is None or _watch_pid != self.pid:
+                _watch_thread = threading.Thread(target=_watchdog_main, name="dshim-watchdog", daemon=True)
+                _watch_thread.start()
+                _watch_pid = self.pid
+        _watch_wake.set()   # a shorter timeout than the watchdog's current sleep
+
+    # -- errors --------------------------------------------------------------
+
+    def error_text(self):
+        """The communicator's error: the watchdog's timeout, else dshim's sticky error."""
+        if self._timeout_msg:
+            return self._timeout_msg
+        buf = ctypes.create_string_buffer(1024)
+        if self.comm and self.lib.dshim_comm_get_error(self.comm, buf, len(buf)) < 0 and buf.value:
+            return buf.value.decode(errors="replace")
+        return _lib.last_error()
+
+    def fail(self, label, cause):
+        return RuntimeError(f"dshim: rank {self.rank} ({self.desc}): {label} failed: {cause}")
+
+    # -- bookkeeping shared by both paths --------------------------------------
+
+    def new_op(self, name, timeout, ncoll):
+        """Records an operation about to be issued.  Collectives are numbered as
+        dshim numbers them (from 0, one per dshim collective), so a message from
+        the watchdog and one from dshim name the same call; point-to-point
+        operations have no number."""
+        op = _Op()
+        if ncoll:
+            op.seq = self._seq
+            op.label = f"{name} #{self._seq}"
+            self._seq += ncoll
+        else:
+            op.seq = None
+            op.label = name
+        op.t_issue = _now()
+        op.timeout = timeout if timeout else self.timeout_s
+        op.done = False
+        op.announced = False
+        op.err = None
+        with self._ops_lock:
+            self._ops.append(op)
+        return op
+
+    def op_done(self, op):
+        op.done = True
+        t = _now()
+        ops = self._ops
+        with self._ops_lock:
+            self._last_done = t
+            while ops and ops[0].done:
+                ops.popleft()
+
+    def _check_timeout(self, now):
+        """Called by the watchdog: aborts the communicator when the oldest
+        unfinished operation has been at the head longer than its timeout.
+        Returns how long the watchdog may sleep."""
+        if self._closed and not self._ops:
+            return 1.0
+        with self._ops_lock:
+            ops = self._ops
+            while ops and ops[0].done:
+                ops.popleft()
+            if not ops:
+                return min(1.0, self.timeout_s / 4)
+            head = ops[0]
+            start = max(head.t_issue, self._last_done)
+        waited = now - start
+        if waited > 1.0 and not head.announced and head.seq is not None:
+            # arrival marks in the torch store name, at a timeout, the ranks that never came
+            head.announced = True
+            self._store_quiet("set", f"dshim/arrive/{head.seq}/{self.rank}", "1")
+        left = head.timeout - waited
+        if left > 0:
+            return min(1.0, left, max(head.timeout / 4, 0.05))
+        if self._timeout_msg is None:
+            reason = (f"{head.label} did not complete within {head.timeout:g} s (the timeout given to "
+                      f"init_process_group/new_group)")
+            if head.seq is not None:
+                missing = [r for r in range(self.size)
+                           if not self._store_quiet("check", [f"dshim/arrive/{head.seq}/{r}"])]
+                reason += f"; ranks that did not arrive at it: {', '.join(map(str, missing)) or 'none known'}"
+            self._timeout_msg = reason
+            log.error("dshim: rank %d (%s): %s; aborting the communicator", self.rank, self.desc, reason)
+            self.abort(reason)
+        return 1.0
+
+    def _store_quiet(self, method, *args):
+        try:
+            return getattr(self.store, method)(*args)
+        except Exception:   # the store is a diagnostic aid here; its host may be gone
+            return None
+
+    # -- the two ways to run an operation -------------------------------------
+
+    def _refuse_closed(self, name):
+        raise RuntimeError(f"dshim: rank {self.rank} ({self.desc}): {name} on a process group that was shut "
+                           f"down (destroy_process_group)")
+
+    def run_sync(self, name, calls, post, timeout, coll=True):
+        """Runs blocking dshim calls in this thread; raises on error."""
+        if self._closed:
+            self._refuse_closed(name)
+        op = self.new_op(name, timeout, len(calls) if coll else 0)
+        comm = self.comm
+        try:
+            for i, (fn, args) in enumerate(calls):
+                st = fn(comm, *args)
+                if st < 0:
+                    if st in (_lib.ERR_INVALID, _lib.ERR_UNSUPPORTED) and coll:
+                        # refused before it was queued: dshim numbered neither it nor the rest
+                        self._seq -= len(calls) - i
+                    raise self.fail(op.label, self._timeout_msg or _lib.last_error())
+            if post is not None:
+                with torch.no_grad():
+                    post()
+        finally:
+            self.op_done(op)
+
+    def run_async(self, name, calls, result, post, keep, timeout, coll=True):
+        """Issues non-blocking dshim calls; returns the Future the completion
+        thread completes (after `post`)."""
+        if self._closed:
+            self._refuse_closed(name)
+        op = self.new_op(name, timeout, len(calls) if coll else 0)
+        comm = self.comm
+        reqs = []
+        for fn, args in calls:
+            req = _c_void_p()
+            st = fn(comm, *args, _byref(req))
+            if st < 0:
+                op.err = self._timeout_msg or _lib.last_error()
+                if coll:
+                    self._seq -= len(calls) - len(reqs)
+                break
+            reqs.append(req)
+        if op.err is not None and not reqs:
+            self.op_done(op)
+            raise self.fail(op.label, op.err)
+        fut = _Future()
+        op.reqs = reqs
+        op.fut = fut
+        op.keep = keep
+        op.post = post
+        op.result = result
+        if self._thread is None:
+            self._start_thread()
+        self._q.put(op)
+        return fut
+
+    def _start_thread(self):
+        with self._thread_lock:
+            if self._thread is None:
+                t = threading.Thread(target=self._complete_main, name=f"dshim-complete-{self.desc}", daemon=True)
+                t.start()
+                self._thread = t
+
+    def _complete_main(self):
+        lib = self.lib
+        q = self._q
+        wait = lib.dshim_wait
+        free = lib.dshim_request_free
+        while True:
+            op = q.get()
+            if op is None:
+                return
+            err = op.err
+            for req in op.reqs:
+                if wait(req) < 0 and err is None:
+                    err = self.error_text()
+                free(req)
+            fut = op.fut
+            try:
+                if err is None and op.post is not None:
+                    with torch.no_grad():
+                        op.post()
+            except Exception as e:   # a copy back failed: report it on the Future
+                err = f"copying the result back failed: {e}"
+            # release the tensors before completing: a callback may free memory
+            result = op.result
+            op.reqs = op.keep = op.post = op.result = op.fut = None
+            self.op_done(op)
+            try:
+                if err is None:
+                    fut.set_result(result)
+                else:
+                    fut.set_exception(self.fail(op.label, err))
+            except Exception:
+                log.exception("dshim: completing the future of %s", op.label)
+
+    # -- teardown -------------------------------------------------------------
+
+    def pending(self):
+        with self._ops_lock:
+            return sum(1 for o in self._ops if not o.done)
+
+    def abort(self, reason):
+        """Fails outstanding and later operations here and at the peers (any thread)."""
+        with self._handle_lock:   # never on a communicator close() is destroying
+            if self.comm and os.getpid() == self.pid:
+                self.lib.dshim_comm_abort(self.comm, reason.encode())
+
+    def close(self, at_exit=False):
+        """Waits for outstanding operations (bounded by the watchdog), stops the
+        completion thread and destroys the communicator.  At interpreter exit,
+        unfinished operations are aborted instead of waited for: a rank leaving
+        with work in flight would otherwise hang its peers until the timeout."""
+        with self._close_lock:
+            if self._closed:
+                return
+            if os.getpid() != self.pid:
+                # a forked child (data-loader worker): the communicator is the parent's
+                self._closed = True
+                return
+            if at_exit:
+                n = self.pending()
+                if n:
+                    first = self._ops[0] if self._ops else None
+                    what = first.label if first else "?"
+                    self.abort(f"rank {self.rank} is exiting with {n} unfinished operation(s), first {what}")
+            self._closed = True
+            t = self._thread
+            if t is not None:
+                # the watchdog still bounds this wait: it can abort until the handle is gone
+                self._q.put(None)
+                if t is not threading.current_thread():
+                    t.join()
+            with self._handle_lock:
+                handle, self.comm = self.comm, None
+            # destroy blocks while the store host waits for the other ranks' goodbye
+            if self.lib.dshim_comm_destroy(handle) < 0:
+                log.debug("dshim: rank %d (%s): destroy: %s", self.rank, self.desc, _lib.last_error())
+        with _live_lock:
+            if self in _live:
+                _live.remove(self)
+
+    def stats(self):
+        s = _lib.Stats()
+        if self.comm:
+            self.lib.dshim_comm_stats(self.comm, _byref(s))
+        return {"collectives": s.collectives, "bytes_sent": s.bytes_sent, "bytes_received": s.bytes_received}

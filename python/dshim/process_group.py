@@ -1,0 +1,603 @@
+"""The "dshim" torch.distributed ProcessGroup: a Python subclass of
+torch.distributed.ProcessGroup whose collectives call libdshim through ctypes.
+
+Per process group (the default one and every new_group) there is one dshim
+communicator (_comm.py).  Operations with asyncOp=False (torch's Python API
+with async_op=False) run the blocking dshim call in the caller's thread: no
+thread hand-off on the latency path.  Everything else is issued non-blocking
+and completed by the group's completion thread.
+
+Tensors: contiguous CPU tensors are handed to dshim by pointer, no copy.
+Non-contiguous ones go through a contiguous copy, CUDA tensors through host
+memory (TODO issue 5: device buffers, stream ordering); results are copied
+back before the Future completes (_staging.py).  Every tensor an operation
+touches stays referenced until it completes.
+
+Data that is only moved (broadcast, all_gather, all_to_all, gather, scatter,
+send/recv) travels as bytes, so every torch dtype works there; reductions
+need a dtype dshim knows (_dtypes.py).
+"""
+import ctypes
+import datetime
+import logging
+import threading
+
+import torch
+import torch.distributed as dist
+
+from . import _dtypes as D
+from . import _lib
+from ._comm import _Comm
+from ._staging import _Staging, _host_clone, _nbytes, _plain
+from ._work import DshimWork
+
+log = logging.getLogger("dshim")
+
+# dshim's engine tells a send from a receive by its buffer being non-NULL; an
+# empty tensor's data_ptr() is 0, so a zero-byte send passes this instead
+_NONNULL_BUF = ctypes.create_string_buffer(8)
+_NONNULL = ctypes.addressof(_NONNULL_BUF)
+
+
+def _as_list(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return list(x)
+
+
+def _timeout_of(opts):
+    """A per-call timeout in opts (seconds), or None for the group's."""
+    t = getattr(opts, "timeout", None)
+    if t is None:
+        return None
+    s = t.total_seconds()
+    return s if s > 0 else None
+
+
+def _is_async(opts):
+    # options built in C++ (DDP) and calls without options are asynchronous
+    return opts is None or getattr(opts, "asyncOp", True)
+
+
+def _reduce_op_of(opts):
+    if opts is None:
+        return D.unpack_op(None)
+    if isinstance(opts, (D._RT, dist.ReduceOp)):
+        return D.unpack_op(opts)
+    return D.unpack_op(getattr(opts, "reduceOp", None))
+
+
+def _back_to_back(tensors, nbytes):
+    """True when the tensors are plain and lie one after the other in memory."""
+    if not all(_plain(t) for t in tensors):
+        return False
+    p = tensors[0].data_ptr()
+    for t, n in zip(tensors, nbytes):
+        if n and t.data_ptr() != p:
+            return False
+        p += n
+    return True
+
+
+def _cumsum(values):
+    out = []
+    acc = 0
+    for v in values:
+        out.append(acc)
+        acc += v
+    return out
+
+
+# --------------------------------------------------------------------------
+# the ProcessGroup
+# --------------------------------------------------------------------------
+
+class DshimProcessGroup(dist.ProcessGroup):
+    """torch.distributed.ProcessGroup over one dshim communicator."""
+
+    def __init__(self, store, rank, size, timeout):
+        # the 2-argument constructor: the (store, rank, size) one is a pybind
+        # factory that cannot build a Python subclass
+        super().__init__(rank, size)
+        if isinstance(timeout, datetime.timedelta):
+            timeout_s = timeout.total_seconds()
+        else:
+            timeout_s = float(timeout) if timeout else 1800.0
+        self._rank = rank
+        self._size = size
+        self._group_name = ""
+        self._group_desc = ""
+        # "group of N" until torch names the group (setGroupName)
+        self._comm = _Comm(store, rank, size, timeout_s if timeout_s > 0 else 1800.0, f"group of {size}")
+        self._dshim_lib = self._comm.lib
+        log.info("dshim: rank %d/%d joined over %s", rank, size, self._comm.transport)
+
+    # -- identity ---------------------------------------------------------------
+
+    def getBackendName(self):
+        return "dshim"
+
+    def name(self):
+        return "dshim"
+
+    # the group name and description live in Python: the C++ accessors of a
+    # ProcessGroup without C++ backends raise "ProcessGroup name not set"
+    def getGroupName(self):
+        return self._group_name
+
+    def setGroupName(self, name):
+        self._group_name = name
+        self._comm.desc = f"group {name} of {self._size}"   # names the group in error messages
+
+    def getGroupDesc(self):
+        return self._group_desc
+
+    def setGroupDesc(self, desc):
+        self._group_desc = desc
+
+    # torch asks a group for its per-device backend object in a few places, e.g.
+    # init_process_group(device_id=...) checks `pg._get_backend(dev).supports_splitting`.
+    # This group serves every device itself.
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+
+    def _get_backend(self, device=None):
+        return self
+
+    @property
+    def transport(self):
+        """What carries this rank's traffic: "shm", "tcp", "shm+tcp" or "self"."""
+        return self._comm.transport
+
+    def dshim_stats(self):
+        """dshim's counters for this group's communicator (collectives, bytes sent/received)."""
+        return self._comm.stats()
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _go(self, name, opts, calls, stage, result, sync_ok=True, coll=True):
+        post = stage.post() if stage is not None else None
+        timeout = _timeout_of(opts) if opts is not None else None
+        comm = self._comm
+        if sync_ok and not _is_async(opts):
+            comm.run_sync(name, calls, post, timeout, coll)
+            return DshimWork(None, result)
+        src = comm.run_async(name, calls, result, post, stage.keep if stage is not None else None, timeout, coll)
+        return DshimWork(src, result)
+
+    def _check_root(self, root, what):
+        if not 0 <= root < self._size:
+            raise RuntimeError(f"dshim: {what}: root {root} is outside 0..{self._size - 1}")
+
+    # -- collectives ------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        tensors = _as_list(tensors)
+        kind, factor = _reduce_op_of(opts)
+        lib = self._dshim_lib
+        if len(tensors) == 1:
+            t = tensors[0]
+            dt, op, view = D.reduction(t.dtype, kind, "all_reduce")
+            if _plain(t) and view is None and factor is None:
+                # the hot path: no staging at all
+                p = t.data_ptr()
+                calls = ((lib.dshim_allreduce if not _is_async(opts) else lib.dshim_iallreduce,
+                          (p, p, t.numel(), dt, op)),)
+                # `tensors` (the Future's value) keeps the tensor alive until completion
+                return self._go("all_reduce", opts, calls, None, tensors)
+        stage = _Staging()
+        calls = []
+        for t in tensors:
+            dt, op, view = D.reduction(t.dtype, kind, "all_reduce")
+            h = stage.inout(t)
+            if view is not None:
+                h = torch.view_as_real(h)
+            if factor is not None:
+                with torch.no_grad():
+                    h.mul_(factor)
+            calls.append((dt, op, h))
+        return self._reduce_calls("all_reduce", opts, calls, stage, tensors)
+
+    def _reduce_calls(self, name, opts, calls, stage, result):
+        lib = self._dshim_lib
+        sync = not _is_async(opts)
+        fn = lib.dshim_allreduce if sync else lib.dshim_iallreduce
+        c = [(fn, (h.data_ptr(), h.data_ptr(), h.numel(), dt, op)) for dt, op, h in calls]
+        return self._go(name, opts, c, stage, result)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self._reduce_many("all_reduce_coalesced", tensors, opts)
+
+    def _reduce_many(self, name, tensors, opts):
+        tensors = _as_list(tensors)
+        kind, factor = _reduce_op_of(opts)
+        stage = _Staging()
+        calls = []
+        for t in tensors:
+            dt, op, view = D.reduction(t.dtype, kind, name)
+            h = stage.inout(t)
+            if view is not None:
+                h = torch.view_as_real(h)
+            if factor is not None:
+                with torch.no_grad():
+                    h.mul_(factor)
+            calls.append((dt, op, h))
+        return self._reduce_calls(name, opts, calls, stage, tensors)
+
+    def broadcast(self, tensors, opts=None):
+        tensors = _as_list(tensors)
+        if isinstance(opts, int):   # broadcast(tensor, root)
+            root, opts = opts, None
+        else:
+            root = opts.rootRank if opts is not None else 0
+        self._check_root(root, "broadcast")
+        lib = self._dshim_lib
+        sync = not _is_async(opts)
+        fn = lib.dshim_broadcast if sync else lib.dshim_ibroadcast
+        stage = _Staging()
+        calls = []
+        for t in tensors:
+            h = stage.inout(t) if root != self._rank else stage.input(t)
+            calls.append((fn, (h.data_ptr(), _nbytes(h), D.BYTES, root)))
+        return self._go("broadcast", opts, calls, stage, tensors)
+
+    def reduce(self, tensors, opts=None):
+        tensors = _as_list(tensors)
+        kind, factor = _reduce_op_of(opts)
+        root = opts.rootRank if opts is not None and hasattr(opts, "rootRank") else 0
+        self._check_root(root, "reduce")
+        lib = self._dshim_lib
+        fn = lib.dshim_reduce if not _is_async(opts) else lib.dshim_ireduce
+        stage = _Staging()
+        calls = []
+        for t in tensors:
+            dt, op, view = D.reduction(t.dtype, kind, "reduce")
+            if root == self._rank:
+                h = stage.inout(t)
+            else:
+                # non-roots' tensors stay as they were: dshim reads a copy when
+                # it must be scaled, the tensor itself otherwise
+                h = stage.input(t) if factor is None else _host_clone(t)
+                stage.keep.append(h)
+            if view is not None:
+                h = torch.view_as_real(h)
+            if factor is not None:
+                with torch.no_grad():
+                    h.mul_(factor)
+            recv = h.data_ptr() if root == self._rank else None
+            calls.append((fn, (h.data_ptr(), recv, h.numel(), dt, op, root)))
+        return self._go("reduce", opts, calls, stage, tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        if isinstance(input_tensors, torch.Tensor):   # allgather([outs], tensor)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        if len(input_tensors) != 1 or len(output_tensors) != 1:
+            raise RuntimeError("dshim: all_gather takes one input tensor and one list of outputs")
+        outs, inp = output_tensors[0], input_tensors[0]
+        n = self._size
+        if len(outs) != n:
+            raise RuntimeError(f"dshim: all_gather: {len(outs)} output tensors for a group of {n}")
+        for o in outs:
+            if o.dtype != inp.dtype:
+                raise RuntimeError(f"dshim: all_gather: output dtype {o.dtype} differs from input dtype {inp.dtype}")
+        if outs[self._rank].numel() != inp.numel():
+            raise RuntimeError(f"dshim: all_gather: my output tensor has {outs[self._rank].numel()} elements, "
+                               f"the input {inp.numel()}")
+        stage = _Staging()
+        src = stage.input(inp)
+        counts = [_nbytes(o) for o in outs]
+        if _back_to_back(outs, counts):
+            # consecutive pieces of one buffer (all_gather_object's layout): gather in place
+            stage.keep.extend(outs)
+            base = outs[0].data_ptr()
+        else:
+            buf = torch.empty(sum(counts), dtype=torch.uint8)
+            stage.keep.append(buf)
+            for o, off, c in zip(outs, _cumsum(counts), counts):
+                stage.keep.append(o)
+                stage.add_back(o, buf[off:off + c].view(o.dtype))
+            base = buf.data_ptr()
+        lib = self._dshim_lib
+        sync = not _is_async(opts)
+        if all(c == counts[0] for c in counts):
+            fn = lib.dshim_allgather if sync else lib.dshim_iallgather
+            calls = ((fn, (src.data_ptr(), base, counts[0], D.BYTES)),)
+        else:
+            fn = lib.dshim_allgatherv if sync else lib.dshim_iallgatherv
+            calls = ((fn, (src.data_ptr(), base, _lib.size_array(counts),
+                           _lib.size_array(_cumsum(counts)), D.BYTES)),)
+        return self._go("all_gather", opts, calls, stage, output_tensors)
+
+    def _allgather_base(self, output, input, opts=None):
+        return self._gather_into("all_gather_into_tensor", [output], [input], opts)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._gather_into("all_gather_into_tensor_coalesced", outputs, inputs, opts)
+
+    def _gather_into(self, name, outputs, inputs, opts):
+        if len(outputs) != len(inputs):
+            raise RuntimeError(f"dshim: {name}: {len(outputs)} outputs for {len(inputs)} inputs")
+        lib = self._dshim_lib
+        fn = lib.dshim_allgather if not _is_async(opts) else lib.dshim_iallgather
+        stage = _Staging()
+        calls = []
+        for out, inp in zip(outputs, inputs):
+            if out.dtype != inp.dtype or out.numel() != inp.numel() * self._size:
+                raise RuntimeError(f"dshim: {name}: output ({out.numel()} x {out.dtype}) must hold group size "
+                                   f"{self._size} x input ({inp.numel()} x {inp.dtype})")
+            src = stage.input(inp)
+            dst = stage.output(out)
+            calls.append((fn, (src.data_ptr(), dst.data_ptr(), _nbytes(src), D.BYTES)))
+        return self._go(name, opts, calls, stage, outputs)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        # one all_gather per input, issued back to back, one Work for all
+        lib = self._dshim_lib
+        fn = lib.dshim_allgather if not _is_async(opts) else lib.dshim_iallgather
+        stage = _Staging()
+        calls = []
+        if len(output_lists) != len(input_list):
+            raise RuntimeError("dshim: all_gather_coalesced: one output list per input tensor")
+        for outs, inp in zip(output_lists, input_list):
+            if len(outs) != self._size or any(o.numel() != inp.numel() or o.dtype != inp.dtype for o in outs):
+                raise RuntimeError("dshim: all_gather_coalesced: every output list needs group-size tensors "
+                                   "shaped like its input")
+            src = stage.input(inp)
+            nb = _nbytes(src)
+            buf = torch.empty(nb * self._size, dtype=torch.uint8)
+            stage.keep.append(buf)
+            for i, o in enumerate(outs):
+                stage.keep.append(o)
+                stage.add_back(o, buf[i * nb:(i + 1) * nb].view(o.dtype))
+            calls.append((fn, (src.data_ptr(), buf.data_ptr(), nb, D.BYTES)))
+        return self._go("all_gather_coalesced", opts, calls, stage, output_lists)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        if isinstance(output_tensors, torch.Tensor):   # reduce_scatter(out, [ins], op)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        if len(output_tensors) != 1 or len(input_tensors) != 1:
+            raise RuntimeError("dshim: reduce_scatter takes one output tensor and one list of inputs")
+        out, ins = output_tensors[0], input_tensors[0]
+        n = self._size
+        if len(ins) != n:
+            raise RuntimeError(f"dshim: reduce_scatter: {len(ins)} input tensors for a group of {n}")
+        kind, factor = _reduce_op_of(opts)
+        dt, op, view = D.reduction(out.dtype, kind, "reduce_scatter")
+        if any(i.dtype != out.dtype for i in ins):
+            raise RuntimeError("dshim: reduce_scatter: input and output dtypes differ")
+        if ins[self._rank].numel() != out.numel():
+            raise RuntimeError(f"dshim: reduce_scatter: my input block has {ins[self._rank].numel()} elements, "
+                               f"the output {out.numel()}")
+        stage = _Staging()
+        # the blocks, concatenated into one host buffer dshim may read (and, uneven, write)
+        flat = torch.cat([i.detach().reshape(-1).cpu() for i in ins])
+        stage.keep.append(flat)
+        if factor is not None:
+            flat.mul_(factor)
+        fview = torch.view_as_real(flat) if view is not None else flat
+        lib = self._dshim_lib
+        sync = not _is_async(opts)
+        counts = [i.numel() for i in ins]
+        if all(c == counts[0] for c in counts):
+            dst = stage.output(out)
+            dview = torch.view_as_real(dst) if view is not None else dst
+            fn = lib.dshim_reduce_scatter if sync else lib.dshim_ireduce_scatter
+            calls = ((fn, (fview.data_ptr(), dview.data_ptr(), dview.numel(), dt, op)),)
+        else:
+            # uneven blocks: dshim has no reduce_scatter_v; reduce everything, keep my block
+            fn = lib.dshim_allreduce if sync else lib.dshim_iallreduce
+            calls = ((fn, (fview.data_ptr(), fview.data_ptr(), fview.numel(), dt, op)),)
+            off = _cumsum(counts)[self._rank]
+            stage.keep.append(out)
+            stage.add_back(out, flat[off:off + out.numel()])
+        return self._go("reduce_scatter", opts, calls, stage, output_tensors)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self._scatter_into("reduce_scatter_tensor", [output], [input], opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._scatter_into("reduce_scatter_tensor_coalesced", outputs, inputs, opts)
+
+    def _scatter_into(self, name, outputs, inputs, opts):
+        if len(outputs) != len(inputs):
+            raise RuntimeError(f"dshim: {name}: {len(outputs)} outputs for {len(inputs)} inputs")
+        kind, factor = _reduce_op_of(opts)
+        lib = self._dshim_lib
+        fn = lib.dshim_reduce_scatter if not _is_async(opts) else lib.dshim_ireduce_scatter
+        stage = _Staging()
+        calls = []
+        for out, inp in zip(outputs, inputs):
+            if out.dtype != inp.dtype or inp.numel() != out.numel() * self._size:
+                raise RuntimeError(f"dshim: {name}: input ({inp.numel()} x {inp.dtype}) must hold group size "
+                                   f"{self._size} x output ({out.numel()} x {out.dtype})")
+            dt, op, view = D.reduction(out.dtype, kind, name)
+            if factor is not None:
+                src = _host_clone(inp)
+                src.mul_(factor)
+                stage.keep.append(src)
+            else:
+                src = stage.input(inp)
+            dst = stage.output(out)
+            if view is not None:
+                src, dst = torch.view_as_real(src), torch.view_as_real(dst)
+            calls.append((fn, (src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op)))
+        return self._go(name, opts, calls, stage, outputs)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        n = self._size
+        if output.dtype != input.dtype:
+            raise RuntimeError("dshim: all_to_all_single: input and output dtypes differ")
+        stage = _Staging()
+        src = stage.input(input)
+        dst = stage.output(output)
+        lib = self._dshim_lib
+        sync = not _is_async(opts)
+        if not output_split_sizes and not input_split_sizes:
+            if input.numel() % n or output.numel() != input.numel():
+                raise RuntimeError(f"dshim: all_to_all_single: input of {input.numel()} elements does not split "
+                                   f"evenly into {n} blocks, or the output ({output.numel()}) differs in size")
+            fn = lib.dshim_alltoall if sync else lib.dshim_ialltoall
+            calls = ((fn, (src.data_ptr(), dst.data_ptr(), _nbytes(src) // n, D.BYTES)),)
+        else:
+            scounts = self._split_bytes(input, input_split_sizes, "input")
+            rcounts = self._split_bytes(output, output_split_sizes, "output")
+            fn = lib.dshim_alltoallv if sync else lib.dshim_ialltoallv
+            calls = ((fn, (src.data_ptr(), _lib.size_array(scounts), _lib.size_array(_cumsum(scounts)),
+                           dst.data_ptr(), _lib.size_array(rcounts), _lib.size_array(_cumsum(rcounts)),
+                           D.BYTES)),)
+        return self._go("all_to_all_single", opts, calls, stage, [output])
+
+    def _split_bytes(self, t, splits, what):
+        n = self._size
+        if not splits:
+            if t.numel() % n:
+                raise RuntimeError(f"dshim: all_to_all_single: {what} of {t.numel()} elements does not split "
+                                   f"evenly into {n} blocks")
+            return [_nbytes(t) // n] * n
+        splits = list(splits)
+        if len(splits) != n:
+            raise RuntimeError(f"dshim: all_to_all_single: {len(splits)} {what} split sizes for a group of {n}")
+        rows = t.shape[0] if t.dim() > 0 else 1
+        if sum(splits) != rows:
+            raise RuntimeError(f"dshim: all_to_all_single: {what} split sizes sum to {sum(splits)}, "
+                               f"but the tensor has {rows} rows")
+        row_bytes = _nbytes(t) // rows if rows else 0
+        return [s * row_bytes for s in splits]
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        n = self._size
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise RuntimeError(f"dshim: all_to_all: needs {n} input and {n} output tensors")
+        stage = _Staging()
+        scounts = [_nbytes(t) for t in input_tensors]
+        rcounts = [_nbytes(t) for t in output_tensors]
+        sbuf = torch.cat([t.detach().reshape(-1).cpu().view(torch.uint8) for t in input_tensors]) \
+            if sum(scounts) else torch.empty(0, dtype=torch.uint8)
+        rbuf = torch.empty(sum(rcounts), dtype=torch.uint8)
+        stage.keep += [sbuf, rbuf]
+        for o, off, c in zip(output_tensors, _cumsum(rcounts), rcounts):
+            stage.keep.append(o)
+            stage.add_back(o, rbuf[off:off + c].view(o.dtype))
+        lib = self._dshim_lib
+        fn = lib.dshim_alltoallv if not _is_async(opts) else lib.dshim_ialltoallv
+        calls = ((fn, (sbuf.data_ptr(), _lib.size_array(scounts), _lib.size_array(_cumsum(scounts)),
+                       rbuf.data_ptr(), _lib.size_array(rcounts), _lib.size_array(_cumsum(rcounts)), D.BYTES)),)
+        return self._go("all_to_all", opts, calls, stage, output_tensors)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        inp = _as_list(input_tensors)
+        if len(inp) != 1:
+            raise RuntimeError("dshim: gather takes one input tensor")
+        inp = inp[0]
+        root = opts.rootRank if opts is not None else 0
+        self._check_root(root, "gather")
+        stage = _Staging()
+        src = stage.input(inp)
+        nb = _nbytes(src)
+        recv = None
+        if root == self._rank:
+            if len(output_tensors) != 1 or len(output_tensors[0]) != self._size:
+                raise RuntimeError(f"dshim: gather: the root needs a list of {self._size} output tensors")
+            outs = output_tensors[0]
+            if any(_nbytes(o) != nb or o.dtype != inp.dtype for o in outs):
+                raise RuntimeError("dshim: gather: every output tensor must be shaped like the input")
+            buf = torch.empty(nb * self._size, dtype=torch.uint8)
+            stage.keep.append(buf)
+            for i, o in enumerate(outs):
+                stage.keep.append(o)
+                stage.add_back(o, buf[i * nb:(i + 1) * nb].view(o.dtype))
+            recv = buf.data_ptr()
+        lib = self._dshim_lib
+        fn = lib.dshim_gather if not _is_async(opts) else lib.dshim_igather
+        calls = ((fn, (src.data_ptr(), recv, nb, D.BYTES, root)),)
+        return self._go("gather", opts, calls, stage, output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        out = _as_list(output_tensors)
+        if len(out) != 1:
+            raise RuntimeError("dshim: scatter takes one output tensor")
+        out = out[0]
+        root = opts.rootRank if opts is not None else 0
+        self._check_root(root, "scatter")
+        stage = _Staging()
+        dst = stage.output(out)
+        nb = _nbytes(dst)
+        send = None
+        if root == self._rank:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != self._size:
+                raise RuntimeError(f"dshim: scatter: the root needs a list of {self._size} input tensors")
+            ins = input_tensors[0]
+            if any(_nbytes(i) != nb or i.dtype != out.dtype for i in ins):
+                raise RuntimeError("dshim: scatter: every input tensor must be shaped like the output")
+            buf = torch.cat([i.detach().reshape(-1).cpu().view(torch.uint8) for i in ins]) if nb \
+                else torch.empty(0, dtype=torch.uint8)
+            stage.keep.append(buf)
+            send = buf.data_ptr()
+        lib = self._dshim_lib
+        fn = lib.dshim_scatter if not _is_async(opts) else lib.dshim_iscatter
+        calls = ((fn, (send, dst.data_ptr(), nb, D.BYTES, root)),)
+        return self._go("scatter", opts, calls, stage, [out])
+
+    def barrier(self, opts=None):
+        lib = self._dshim_lib
+        fn = lib.dshim_barrier if not _is_async(opts) else lib.dshim_ibarrier
+        return self._go("barrier", opts, ((fn, ()),), None, [])
+
+    # -- point to point -----------------------------------------------------------
+    # always asynchronous: send and recv are matched by order per peer (dshim has
+    # no tags), and a blocking send could wait for a receive posted after it
+
+    def send(self, tensors, dst, tag=0):
+        tensors = _as_list(tensors)
+        self._check_peer(dst, "send")
+        stage = _Staging()
+        lib = self._dshim_lib
+        calls = [(lib.dshim_isend, (h.data_ptr() or _NONNULL, _nbytes(h), D.BYTES, dst))
+                 for h in map(stage.input, tensors)]
+        return self._go(f"send to rank {dst}", None, calls, stage, tensors, sync_ok=False, coll=False)
+
+    def recv(self, tensors, src, tag=0):
+        tensors = _as_list(tensors)
+        self._check_peer(src, "recv")
+        stage = _Staging()
+        lib = self._dshim_lib
+        calls = [(lib.dshim_irecv, (h.data_ptr(), _nbytes(h), D.BYTES, src)) for h in map(stage.output, tensors)]
+        return self._go(f"recv from rank {src}", None, calls, stage, tensors, sync_ok=False, coll=False)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise RuntimeError("dshim: recv from any source is not supported; pass src= to recv/irecv")
+
+    def _check_peer(self, peer, what):
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise RuntimeError(f"dshim: {what}: peer {peer} is not another rank of this group "
+                               f"(0..{self._size - 1}, I am {self._rank})")
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        raise RuntimeError("dshim: monitored_barrier is not supported (gloo only); use barrier()")
+
+    # -- lifetime -------------------------------------------------------------------
+
+    def shutdown(self):
+        """destroy_process_group(): waits for outstanding work, then closes."""
+        self._comm.close()
+
+    def abort(self):
+        self._comm.abort(f"rank {self._rank} called abort()")
+        self._comm.close()
+
+    def __del__(self):
+        comm = getattr(self, "_comm", None)
+        if comm is not None and not comm._closed:
+            # destroy can block (the store host waits for every rank's goodbye):
+            # never in the garbage collector's thread; at interpreter exit the
+            # atexit handler closes what is left
+            try:
+                threading.Thread(target=comm.close, name="dshim-close", daemon=True).start()
+            except RuntimeError:   # no new threads during interpreter shutdown
+                pass
+
+
+def create_process_group(store, rank, size, timeout):
+    """The creator registered with Backend.register_backend."""
+    return DshimProcessGroup(store, rank, size, timeout)
