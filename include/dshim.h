@@ -99,6 +99,10 @@ DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int 
 DSHIM_EXPORT dshim_status_t dshim_comm_destroy(dshim_comm_t *comm);
 /* Fails outstanding and future operations at once; peers see an error too. */
 DSHIM_EXPORT dshim_status_t dshim_comm_abort(dshim_comm_t *comm, const char *reason);
+/* This communicator's limit on an operation without progress, replacing
+ * DSHIM_TIMEOUT (e.g. the timeout given to torch's init_process_group);
+ * <= 0 means no limit.  Call it before issuing operations on comm. */
+DSHIM_EXPORT dshim_status_t dshim_comm_set_timeout(dshim_comm_t *comm, double seconds);
 DSHIM_EXPORT int dshim_comm_rank(const dshim_comm_t *comm);
 DSHIM_EXPORT int dshim_comm_size(const dshim_comm_t *comm);
 /* "shm", "tcp", "shm+tcp" or "self": what carries this rank's traffic. */

@@ -402,6 +402,7 @@ static dshim_status_t p2p_(dshim_comm_t *comm, int sending, const void *sbuf, vo
     /* no exec function: the engine batches point-to-point requests itself */
     init_req(&r, NULL, DSHIM_COLL_P2P, sbuf, rbuf, count, dt, DSHIM_SUM, peer);
     r.sig.root = -1;
+    r.sending = sending;
     return issue(comm, &r, req_p);
 }
 

@@ -317,6 +317,17 @@ dshim_status_t dshim_comm_scratch(dshim_comm_t *comm, size_t len, void **ptr_p)
     return DSHIM_OK;
 }
 
+DSHIM_EXPORT dshim_status_t dshim_comm_set_timeout(dshim_comm_t *comm, double seconds)
+{
+    if (comm == NULL || seconds != seconds) {
+        return dshim_error(DSHIM_ERR_INVALID, "comm_set_timeout: %s", comm ? "seconds is NaN" : "comm is NULL");
+    }
+    /* read by the progress thread without a lock: callers set it before
+     * issuing operations (documented), so a plain store is enough */
+    comm->timeout_s = seconds > 0 ? seconds : 1e9;
+    return DSHIM_OK;
+}
+
 DSHIM_EXPORT int dshim_comm_rank(const dshim_comm_t *comm)
 {
     return comm ? comm->rank : -1;

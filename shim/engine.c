@@ -54,7 +54,7 @@ static int take_p2p(dshim_comm_t *comm, dshim_xfer_op_t *ops, int *n_p, int cap)
         }
         size_t bytes = req->count * dshim_dtype_size(req->dtype);
         dshim_xfer_op_t *op = &ops[*n_p];
-        if (req->sbuf) {
+        if (req->sending) {
             req->sig.seq = comm->p2p_tx[req->root]++;
             *op = dshim_xf_send(req->root, req->sbuf, bytes);
         } else {

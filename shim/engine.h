@@ -22,6 +22,7 @@ struct dshim_request {
     dshim_dtype_t dtype;
     dshim_redop_t op;
     int root;    /* root, or peer for send/recv */
+    int sending; /* send/recv: 1 = send (a zero-byte send may have a NULL buffer) */
     /* v-variants: arrays copied into `owned` so the caller may free theirs */
     const size_t *counts, *displs;           /* allgatherv */
     const size_t *scounts, *sdispls, *rcounts, *rdispls; /* alltoallv */

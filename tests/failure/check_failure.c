@@ -209,6 +209,93 @@ START_TEST(test_timeout_names_missing_rank)
 }
 END_TEST
 
+/* A per-communicator timeout (dshim_comm_set_timeout) replaces DSHIM_TIMEOUT:
+ * with DSHIM_TIMEOUT=300 the others still give up on a late rank after 1.5 s. */
+static int body_late_own_timeout(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    ck_assert_int_eq(dshim_comm_set_timeout(comm, 1.5), DSHIM_OK);
+    int v = 1;
+    if (rank == 2) {
+        sleep_s(6.0);
+    }
+    dshim_status_t st = dshim_allreduce(comm, &v, &v, 1, DSHIM_INT32, DSHIM_SUM);
+    if (st != DSHIM_OK) {
+        fprintf(stderr, "ERROR: %s\n", dshim_last_error());
+    }
+    dshim_comm_destroy(comm);
+    return st == DSHIM_OK ? 0 : 3;
+}
+
+START_TEST(test_comm_set_timeout)
+{
+    const char *env[] = {"DSHIM_TIMEOUT=300", NULL};
+    test_rank_result_t res[3];
+    int rc = test_run_ranks(3, body_late_own_timeout, NULL, env, 30.0, res);
+    ck_assert_int_eq(rc, 0);
+    for (int r = 0; r < 2; r++) {
+        if (!(res[r].exited && res[r].code == 3 && res[r].seconds < 5.5)) {
+            dump(res, 3);
+        }
+        ck_assert(res[r].exited && res[r].code == 3);
+        ck_assert_msg(res[r].seconds < 5.5, "rank %d gave up after %.1f s, wanted ~1.5 s", r, res[r].seconds);
+    }
+}
+END_TEST
+
+/* ---- zero-byte point-to-point with NULL buffers ----------------------- */
+
+static int body_zero_p2p(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    /* an empty tensor's data pointer is NULL: a zero-byte send must still be a send */
+    int v = 7 + rank;
+    dshim_status_t st = DSHIM_OK;
+    for (int i = 0; i < 3 && st == DSHIM_OK; i++) {
+        if (rank == 0) {
+            st = dshim_send(comm, NULL, 0, DSHIM_FLOAT32, 1);
+            if (st == DSHIM_OK) {
+                st = dshim_send(comm, &v, 1, DSHIM_INT32, 1);
+            }
+        } else {
+            int got = 0;
+            st = dshim_recv(comm, NULL, 0, DSHIM_FLOAT32, 0);
+            if (st == DSHIM_OK) {
+                st = dshim_recv(comm, &got, 1, DSHIM_INT32, 0);
+            }
+            if (st == DSHIM_OK && got != 7) {
+                fprintf(stderr, "ERROR: got %d, wanted 7\n", got);
+                st = DSHIM_ERR_INTERNAL;
+            }
+        }
+    }
+    if (st != DSHIM_OK) {
+        fprintf(stderr, "ERROR: %s\n", dshim_last_error());
+    }
+    dshim_comm_destroy(comm);
+    return st == DSHIM_OK ? 0 : 3;
+}
+
+START_TEST(test_zero_byte_p2p)
+{
+    test_rank_result_t res[2];
+    int rc = test_run_ranks(2, body_zero_p2p, NULL, NULL, 20.0, res);
+    if (rc != 0 || !res[0].exited || res[0].code || !res[1].exited || res[1].code) {
+        dump(res, 2);
+    }
+    ck_assert_int_eq(rc, 0);
+    ck_assert(res[0].exited && res[0].code == 0 && res[1].exited && res[1].code == 0);
+}
+END_TEST
+
 /* ---- abort from one rank ------------------------------------------------ */
 
 static int body_abort(int rank, int size, int port, void *arg)
@@ -553,6 +640,8 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_mismatched_kind);
     tcase_add_test(tc, test_mismatched_dtype);
     tcase_add_test(tc, test_timeout_names_missing_rank);
+    tcase_add_test(tc, test_comm_set_timeout);
+    tcase_add_test(tc, test_zero_byte_p2p);
     tcase_add_test(tc, test_abort_reaches_peers);
     tcase_add_test(tc, test_garbage_from_peer);
     tcase_add_test(tc, test_store_port_strangers);
