@@ -223,6 +223,14 @@ DSHIM_EXPORT dshim_status_t dshim_comm_destroy(dshim_comm_t *comm)
     dshim_engine_shutdown(comm);
     dshim_status_t st = comm->error;
     int is_root_comm = strcmp(comm->prefix, "c0/") == 0;
+    if (is_root_comm && comm->rank == 0 && dshim_config()->summary) {
+        dshim_stats_t s;
+        dshim_comm_stats(comm, &s);
+        /* one line per job (rank 0): what dshim carried, for demos and sanity checks */
+        fprintf(stderr, "dshim: %d ranks over %s: %llu collectives, %.1f MB sent, %.1f MB received by rank 0\n",
+                comm->size, dshim_comm_transport(comm), (unsigned long long)s.collectives, s.bytes_sent / 1e6,
+                s.bytes_received / 1e6);
+    }
     if (is_root_comm && comm->store->store) {
         int64_t v;
         dshim_store_add(comm->store->store, "bye", 1, &v);

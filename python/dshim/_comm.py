@@ -176,6 +176,9 @@ class _Comm:
             raise RuntimeError(f"dshim: rank {rank}/{size} ({desc}): joining the group through the store at "
                                f"{addr}:{port} failed: {_lib.last_error()}")
         self.comm = handle.value
+        # dshim's own no-progress limit follows the group's timeout (torch's default is
+        # 30 min, DSHIM_TIMEOUT's 300 s); the watchdog below stays a second ahead of it
+        self.lib.dshim_comm_set_timeout(self.comm, ctypes.c_double(timeout_s + 1.0))
         self.transport = (self.lib.dshim_comm_transport(self.comm) or b"?").decode()
         self._q = queue.SimpleQueue()
         self._thread = None

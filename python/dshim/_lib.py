@@ -59,6 +59,8 @@ _PROTOS = {
     "dshim_comm_init": (_int, [ctypes.POINTER(CommArgs), ctypes.POINTER(ctypes.c_void_p)]),
     "dshim_comm_destroy": (_int, [_vp]),
     "dshim_comm_abort": (_int, [_vp, ctypes.c_char_p]),
+    "dshim_comm_set_timeout": (_int, [_vp, ctypes.c_double]),
+    "dshim_config_get": (_int, [ctypes.c_char_p, ctypes.c_char_p, _sz]),
     "dshim_comm_rank": (_int, [_vp]),
     "dshim_comm_size": (_int, [_vp]),
     "dshim_comm_transport": (ctypes.c_char_p, [_vp]),
