@@ -4,7 +4,7 @@ BUILD      ?= build
 JOBS       ?= 2
 CMAKE_ARGS ?=
 
-.PHONY: all setup build test test-fast demo bench env-doc clean
+.PHONY: all setup build test test-fast demo bench bench-torch env-doc clean
 
 all: build
 
@@ -28,6 +28,12 @@ demo: setup build
 bench: setup build
 	@.venv/bin/python bench/run_bench.py --build $(BUILD) --venv .venv --np 2,4 \
 	    --sizes 4K,64K,1M,16M,64M --reps 3 --out docs/benchmarks.md
+
+# PyTorch DDP step and tiny all_reduce, backend "dshim" vs gloo, 2 and 4 processes, interleaved;
+# replaces the section "## PyTorch DDP: dshim vs gloo" of docs/benchmarks.md (~5 min on 2 cores)
+bench-torch: setup build
+	@.venv/bin/python bench/ddp_bench.py --build $(BUILD) --venv .venv --np 2,4 --reps 3 \
+	    --out docs/benchmarks.md
 
 env-doc: build
 	@$(BUILD)/bin/gen-env-doc > docs/env-vars.md

@@ -765,6 +765,15 @@ def write_report(bench, runs, rows, out_path):
                      f"machine that was not quiet.\n")
     targ, count = summ.targets()
     lines += ["## Results\n"] + summ.tables() + targ + summ.run_log()
+    # sections other benchmarks own (bench/ddp_bench.py: "## PyTorch DDP: dshim vs gloo") are kept
+    kept = []
+    if os.path.exists(out_path):
+        with open(out_path) as f:
+            old = f.read()
+        at = old.find("\n## PyTorch DDP")
+        if at >= 0:
+            kept = ["", old[at + 1:].rstrip()]
+    lines += kept
     os.makedirs(os.path.dirname(os.path.abspath(out_path)) or ".", exist_ok=True)
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:

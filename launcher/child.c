@@ -183,7 +183,20 @@ int run_signal_descendants(pid_t root, int sig)
 char *run_which(const char *prog)
 {
     if (strchr(prog, '/')) {
-        return access(prog, X_OK) == 0 ? realpath(prog, NULL) : NULL;
+        /* absolute, but symlinks kept: a venv's bin/python is a symlink whose
+         * own path is what selects the venv's site-packages */
+        if (access(prog, X_OK) != 0) {
+            return NULL;
+        }
+        if (prog[0] == '/') {
+            return run_xstrdup(prog);
+        }
+        char cwd[4096];
+        char *abs = NULL;
+        if (getcwd(cwd, sizeof(cwd)) == NULL || asprintf(&abs, "%s/%s", cwd, prog) < 0) {
+            return NULL;
+        }
+        return abs;
     }
     const char *path = dshim_config()->path;
     if (path == NULL || path[0] == '\0') {
