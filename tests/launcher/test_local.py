@@ -746,3 +746,21 @@ def test_pytorch_ddp_gloo(run, write_script, no_leftovers, preload):
     for r in range(2):
         assert f"[rank {r}] DDP OK rank={r} sum=3" in res.out, describe(res)
     no_leftovers()
+
+
+def test_run_python_keeps_the_venv(run, write_script, no_leftovers):
+    # DSHIM_RUN_PYTHON names a venv's bin/python, a symlink to the base
+    # interpreter: the venv (its site-packages, where numpy lives) must be kept,
+    # so the path is used as given, not resolved.
+    import conftest
+    script = write_script("venv_probe.py", """
+        import sys, numpy
+        print("prefix", sys.prefix)
+    """)
+    path = ":".join(p for p in os.environ.get("PATH", "/usr/bin:/bin").split(":")
+                    if not p.startswith(str(conftest.VENV_BIN)))
+    res = run(["--master-port", "0", script],
+              env={"DSHIM_RUN_PYTHON": str(conftest.VENV_BIN / "python"), "PATH": path})
+    assert res.rc == 0, describe(res)
+    assert f"[rank 0] prefix {conftest.REPO / '.venv'}" in res.out, describe(res)
+    no_leftovers()
