@@ -32,6 +32,10 @@ extern "C" {
 #define DSHIM_VERSION_MINOR 1
 #define DSHIM_VERSION_PATCH 0
 
+/* The library's version as MAJOR*10000 + MINOR*100 + PATCH: a program built
+ * against this header can check that the libdshim.so it loaded is as new. */
+DSHIM_EXPORT int dshim_abi_version(void);
+
 typedef enum dshim_status {
     DSHIM_OK              = 0,
     DSHIM_INPROGRESS      = 1,   /* non-blocking operation not finished yet */
@@ -91,6 +95,13 @@ typedef struct dshim_comm_args {
  * DSHIM_STORE_ADDR/DSHIM_STORE_PORT. */
 DSHIM_EXPORT dshim_status_t dshim_comm_init_env(dshim_comm_t **comm_p);
 DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim_comm_t **comm_p);
+/* Rank 0, before dshim_comm_init, when the store's port must be published to
+ * the other ranks first (e.g. through torch's store): binds the rendezvous
+ * store now (port 0 = a free port, returned in *port_p), leaving no window in
+ * which another process could take the port.  This process's next rank-0
+ * dshim_comm_init with store_port = *port_p (store_external 0, same token)
+ * adopts it. */
+DSHIM_EXPORT dshim_status_t dshim_store_prebind(int port, const char *token, int *port_p);
 /* Collective over `comm`: ranks with the same color form a new communicator,
  * ordered by (key, old rank).  color < 0: *newcomm_p = NULL. */
 DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int key,

@@ -91,6 +91,59 @@ static void register_linger(void)
     atexit(linger_at_exit);
 }
 
+/* Stores bound by dshim_store_prebind() and not yet adopted by a rank-0
+ * dshim_comm_init (a short list: one per group being created). */
+typedef struct prebound {
+    struct prebound      *next;
+    int                   port;
+    char                  token[sizeof(((dshim_store_ref_t *)0)->token)];
+    dshim_store_server_t *server;
+} prebound_t;
+static prebound_t *prebound_list;
+static pthread_mutex_t prebound_lock = PTHREAD_MUTEX_INITIALIZER;
+
+DSHIM_EXPORT dshim_status_t dshim_store_prebind(int port, const char *token, int *port_p)
+{
+    if (port < 0 || port > 65535 || !port_p) {
+        return dshim_error(DSHIM_ERR_INVALID, "dshim_store_prebind: port %d is not a usable TCP port (0 = any)",
+                           port);
+    }
+    dshim_log_init();
+    prebound_t *pb = calloc(1, sizeof(*pb));
+    if (!pb) {
+        return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
+    }
+    snprintf(pb->token, sizeof(pb->token), "%s", token ? token : "");
+    dshim_status_t st = dshim_store_server_start(NULL, port, pb->token, &pb->server, &pb->port);
+    if (st != DSHIM_OK) {
+        free(pb);
+        return dshim_error(st, "host %s: cannot host the rendezvous store: %s", dshim_log_hostname(),
+                           dshim_last_error());
+    }
+    pthread_mutex_lock(&prebound_lock);
+    pb->next = prebound_list;
+    prebound_list = pb;
+    pthread_mutex_unlock(&prebound_lock);
+    *port_p = pb->port;
+    return DSHIM_OK;
+}
+
+/* The pre-bound store on `port`, removed from the list (NULL if none). */
+static prebound_t *prebound_take(int port)
+{
+    pthread_mutex_lock(&prebound_lock);
+    prebound_t **pp = &prebound_list;
+    while (*pp && (*pp)->port != port) {
+        pp = &(*pp)->next;
+    }
+    prebound_t *pb = *pp;
+    if (pb) {
+        *pp = pb->next;
+    }
+    pthread_mutex_unlock(&prebound_lock);
+    return pb;
+}
+
 DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim_comm_t **comm_p)
 {
     const dshim_config_t *cfg = dshim_config();
@@ -113,7 +166,19 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim
     ref->port = args->store_port;
     snprintf(ref->token, sizeof(ref->token), "%s", token);
     dshim_status_t st;
-    if (args->rank == 0 && !args->store_external) {
+    prebound_t *pb = (args->rank == 0 && !args->store_external && args->store_port > 0)
+                         ? prebound_take(args->store_port) : NULL;
+    if (pb) {
+        if (strcmp(pb->token, ref->token) != 0) {
+            dshim_store_server_stop(pb->server);
+            free(pb);
+            st = dshim_error(DSHIM_ERR_INVALID, "rank 0: the store pre-bound on port %d has another job token "
+                             "than dshim_comm_init was given; pass the same token to both", args->store_port);
+            goto err_ref;
+        }
+        ref->server = pb->server;
+        free(pb);
+    } else if (args->rank == 0 && !args->store_external) {
         /* listen on every interface: MASTER_ADDR may name this host by any of its addresses */
         st = dshim_store_server_start(NULL, args->store_port, token, &ref->server, &ref->port);
         if (st != DSHIM_OK) {

@@ -31,6 +31,7 @@ _c_void_p = ctypes.c_void_p
 _now = time.monotonic
 _BOOTSTRAP_KEY = "dshim/bootstrap"
 _READERS_KEY = "dshim/bootstrap_readers"
+_JOINED_KEY = "dshim/joined/"          # + group rank: "this rank reached the rendezvous"
 
 
 # --------------------------------------------------------------------------
@@ -82,33 +83,72 @@ def _my_address(store):
         s.close()
 
 
-def _free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def _prebind_store(token):
+    """Rank 0 binds its dshim store on a free port now, before publishing the
+    port: no other process can take it between the choice and the bind."""
+    lib = _lib.lib()
+    port = ctypes.c_int(0)
+    if lib.dshim_store_prebind(0, token.encode(), ctypes.byref(port)) < 0:
+        raise RuntimeError(f"dshim: rank 0: cannot host the rendezvous store: {_lib.last_error()}")
+    return port.value
+
+
+def _missing_ranks(store, size):
+    """Group ranks whose "joined" key is absent from the torch store."""
+    missing = []
+    for r in range(size):
+        try:
+            if not store.check([_JOINED_KEY + str(r)]):
+                missing.append(r)
+        except Exception:   # the store itself is gone: name nobody rather than guess
+            return []
+    return missing
+
+
+def _wait_bootstrap(store, rank, size, timeout_s):
+    """Rank 0's published store address; on timeout an error naming the ranks
+    that never reached the rendezvous (not only "timeout")."""
+    import datetime
     try:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
+        store.wait([_BOOTSTRAP_KEY], datetime.timedelta(seconds=timeout_s))
+    except Exception as e:
+        missing = _missing_ranks(store, size)
+        who = ", ".join(str(r) for r in missing) if missing else "unknown"
+        raise RuntimeError(f"dshim: rank {rank}/{size}: rendezvous timed out after {timeout_s:g} s: "
+                           f"rank(s) {who} of {size} never joined (started with the same WORLD_SIZE and "
+                           f"MASTER_ADDR/MASTER_PORT? raise the timeout if they are only slow) "
+                           f"[{str(e).splitlines()[0] if str(e) else type(e).__name__}]") from None
+    return store.get(_BOOTSTRAP_KEY).decode()
 
 
-def _rendezvous(store, rank, size):
+def _rendezvous(store, rank, size, timeout_s=None):
     """(addr, port, token) of this group's dshim store, agreed through the
     torch store: group rank 0 publishes where it will host it.  MASTER_PORT is
     never used: rank 0's torch TCPStore listens there."""
+    if size > 1:
+        try:
+            store.set(_JOINED_KEY + str(rank), "1")
+        except Exception:
+            pass   # only used to name missing ranks in a timeout error
     if rank == 0:
         addr = _my_address(store) if size > 1 else "127.0.0.1"
-        port = _free_port() if size > 1 else 0
         token = secrets.token_hex(16)
+        port = _prebind_store(token) if size > 1 else 0
         if size > 1:
             store.set(_BOOTSTRAP_KEY, f"{addr} {port} {token}")
         return addr, port, token
-    value = store.get(_BOOTSTRAP_KEY).decode()
+    if timeout_s is not None:
+        value = _wait_bootstrap(store, rank, size, timeout_s)
+    else:
+        value = store.get(_BOOTSTRAP_KEY).decode()
     try:
-        # the last reader removes the key: a re-created group with the same
+        # the last reader removes the keys: a re-created group with the same
         # name on a reused store must not find this (dead) address
         if store.add(_READERS_KEY, 1) == size - 1:
             store.delete_key(_BOOTSTRAP_KEY)
             store.delete_key(_READERS_KEY)
+            for r in range(size):
+                store.delete_key(_JOINED_KEY + str(r))
     except Exception:   # stores without delete_key (older torch) keep the key
         pass
     addr, port, token = value.split()
@@ -167,7 +207,7 @@ class _Comm:
         self.timeout_s = timeout_s
         self.pid = os.getpid()
         self.store = store
-        addr, port, token = _rendezvous(store, rank, size)
+        addr, port, token = _rendezvous(store, rank, size, timeout_s)
         args = _lib.CommArgs(rank=rank, size=size, store_addr=addr.encode(), store_port=port,
                              token=token.encode(), store_external=0)
         handle = ctypes.c_void_p()

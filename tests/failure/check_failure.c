@@ -581,6 +581,57 @@ START_TEST(test_store_port_in_use)
 }
 END_TEST
 
+/* ---- dshim_store_prebind: bind first, publish, then init ---------------- */
+
+static int body_prebind(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (rank == 0) {
+        int bound = -1;
+        if (dshim_store_prebind(port, "test-token", &bound) != DSHIM_OK || bound != port) {
+            fprintf(stderr, "prebind failed: %s (port %d)\n", dshim_last_error(), bound);
+            return 2;
+        }
+    }
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 3;
+    }
+    float v = (float)rank + 1.0f;
+    if (dshim_allreduce(comm, &v, &v, 1, DSHIM_FLOAT32, DSHIM_SUM) != DSHIM_OK || v != 3.0f) {
+        fprintf(stderr, "allreduce over the pre-bound store: %s (got %g)\n", dshim_last_error(), (double)v);
+        return 4;
+    }
+    return dshim_comm_destroy(comm) == DSHIM_OK ? 0 : 5;
+}
+
+START_TEST(test_store_prebind)
+{
+    test_rank_result_t res[2];
+    ck_assert_int_eq(test_run_ranks(2, body_prebind, NULL, transport_env_shm, 60, res), 0);
+    dump(res, 2);
+    ck_assert(res[0].exited && res[0].code == 0 && res[1].exited && res[1].code == 0);
+}
+END_TEST
+
+START_TEST(test_store_prebind_errors)
+{
+    /* port 0 = any: the chosen port comes back; a second bind on it fails naming the port */
+    int port = 0;
+    ck_assert_int_eq(dshim_store_prebind(0, "tok-a", &port), DSHIM_OK);
+    ck_assert_int_gt(port, 0);
+    int again = 0;
+    ck_assert_int_eq(dshim_store_prebind(port, "tok-a", &again), DSHIM_ERR_SYSTEM);
+    ck_assert_msg(strstr(dshim_last_error(), "in use"), "got: %s", dshim_last_error());
+    ck_assert_int_eq(dshim_store_prebind(70000, "tok-a", &again), DSHIM_ERR_INVALID);
+    /* init with another token than the pre-bound store's: refused, not a store nobody can join */
+    dshim_comm_args_t a = {.rank = 0, .size = 2, .store_addr = "127.0.0.1", .store_port = port, .token = "tok-b"};
+    dshim_comm_t *comm = NULL;
+    ck_assert_int_eq(dshim_comm_init(&a, &comm), DSHIM_ERR_INVALID);
+    ck_assert_msg(strstr(dshim_last_error(), "token"), "got: %s", dshim_last_error());
+}
+END_TEST
+
 static void expect_env_error(const char *const *env, const char *must)
 {
     for (int i = 0; env[i]; i++) {
@@ -647,6 +698,8 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_store_port_strangers);
     tcase_add_test(tc, test_data_port_strangers);
     tcase_add_test(tc, test_forked_child_refused);
+    tcase_add_test(tc, test_store_prebind);
+    tcase_add_test(tc, test_store_prebind_errors);
     suite_add_tcase(s, tc);
     TCase *env = tcase_create("configuration");
     tcase_add_test(env, test_store_port_in_use);
