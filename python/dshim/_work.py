@@ -1,4 +1,5 @@
 """DshimWork: the Work object every dshim operation returns."""
+import collections
 import datetime
 import time
 
@@ -7,6 +8,13 @@ import torch.distributed as dist
 
 _Future = torch.futures.Future
 _now = time.monotonic
+
+# torch < 2.0's PyWork trampoline does not own the Python object: once the
+# last Python reference is gone, a C++ caller's wait() finds no override and
+# blocks in the base Work forever (DDP's constructor hangs on Debian's 1.13).
+# There, the most recent Works are kept alive here; 2.x keeps them itself.
+_LEGACY_TRAMPOLINE = int(torch.__version__.split(".")[0]) < 2
+_keep_alive = collections.deque(maxlen=4096)
 
 
 def _unwrap(fut):
@@ -30,6 +38,8 @@ class DshimWork(dist.Work):
         self._src = src          # completed by the completion thread; None: finished already
         self._result = result
         self._fut = None
+        if _LEGACY_TRAMPOLINE:
+            _keep_alive.append(self)
 
     def wait(self, timeout=None):
         src = self._src
