@@ -28,8 +28,12 @@
 
 #define SKIP_CODE 77
 #define BIG_COUNT 1000003u
-/* room for BIG_COUNT float64 plus the offsets of the unaligned cases */
-#define BUF_BYTES (BIG_COUNT * 8u + 64u)
+/* test_huge_counts: enough elements that every thread of a full grid (one
+ * wave of resident blocks: ~170k-270k threads on an H100) runs the kernels'
+ * unrolled loop several times, then the one-vector loop and the tail */
+#define HUGE_BYTES ((size_t)64 << 20)
+/* room for HUGE_BYTES (and BIG_COUNT float64) plus the offsets of the unaligned cases */
+#define BUF_BYTES (HUGE_BYTES + 64u)
 
 /* Check records every passing ck_assert (a pipe write): too slow per element. */
 #define EXPECT(cond, ...)                                                      \
@@ -250,6 +254,37 @@ START_TEST(test_scale_div_matches_cpu)
 }
 END_TEST
 
+/* Counts in the tens of millions (the unrolled path of the kernels; the
+ * counts above fit in one vector per thread): a few dtype x op pairs, out of
+ * place and in place, and scale_div; odd counts, so the tail runs too. */
+START_TEST(test_huge_counts)
+{
+    static const struct {
+        dshim_dtype_t dt;
+        dshim_redop_t op;
+    } cases[] = {{DSHIM_FLOAT32, DSHIM_SUM},  {DSHIM_FLOAT32, DSHIM_MAX},
+                 {DSHIM_BFLOAT16, DSHIM_SUM}, {DSHIM_FLOAT16, DSHIM_SUM},
+                 {DSHIM_FLOAT64, DSHIM_PROD}, {DSHIM_INT8, DSHIM_MIN}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        dshim_dtype_t dt = cases[k].dt;
+        size_t count = HUGE_BYTES / dshim_dtype_size(dt) - 3;
+        fill(h_a, count, dt);
+        fill(h_b, count, dt);
+        run_reduce(dt, cases[k].op, count, L_DISJOINT);
+        run_reduce(dt, cases[k].op, count, L_DST_IS_B);
+    }
+    size_t count = HUGE_BYTES / 4 - 1;
+    fill(h_a, count, DSHIM_FLOAT32);
+    memcpy(h_want, h_a, count * 4);
+    ck_assert_int_eq(cpu->scale_div(h_want, count, DSHIM_FLOAT32, 7, NULL), DSHIM_OK);
+    to_dev(d_x, h_a, count * 4);
+    dshim_status_t st = gpu->scale_div(d_x, count, DSHIM_FLOAT32, 7, NULL);
+    EXPECT(st == DSHIM_OK, "cuda scale_div huge: %s", dshim_last_error());
+    from_dev(h_got, d_x, count * 4);
+    expect_same(h_want, h_got, count, DSHIM_FLOAT32, "scale_div by 7, huge count");
+}
+END_TEST
+
 /* AVG as the collectives do it: reduce with DSHIM_AVG, then scale_div. */
 START_TEST(test_avg_then_scale)
 {
@@ -330,6 +365,7 @@ static Suite *reduce_cuda_suite(void)
     tcase_add_loop_test(tc, test_reduce_matches_cpu, 0, DSHIM_DTYPE_COUNT);
     tcase_add_loop_test(tc, test_scale_div_matches_cpu, 0, DSHIM_DTYPE_COUNT);
     tcase_add_test(tc, test_avg_then_scale);
+    tcase_add_test(tc, test_huge_counts);
     tcase_add_test(tc, test_stream_argument);
     suite_add_tcase(s, tc);
     return s;

@@ -61,6 +61,15 @@ typedef dshim_status_t (*dshim_cuda_test_alloc_fn)(void **ptr_p, size_t bytes);
 typedef dshim_status_t (*dshim_cuda_test_free_fn)(void *ptr);
 typedef dshim_status_t (*dshim_cuda_test_copy_fn)(void *dst, const void *src, size_t bytes);
 
+/* For tools/dshim_cuda_bench.c (which, like the tests, builds without CUDA
+ * headers): sync is cudaDeviceSynchronize -- a device-to-device copy does not
+ * wait, so timing needs it; describe writes the current device's name,
+ * compute capability, SM count and the runtime/driver versions. */
+DSHIM_EXPORT dshim_status_t dshim_cuda_test_sync(void);
+DSHIM_EXPORT dshim_status_t dshim_cuda_test_describe(char *buf, size_t len);
+typedef dshim_status_t (*dshim_cuda_test_sync_fn)(void);
+typedef dshim_status_t (*dshim_cuda_test_describe_fn)(char *buf, size_t len);
+
 /* ---- internal to libdshim-cuda.so: reduce_cuda.cu, called by reduce_cuda_api.c */
 
 /* Queue the kernel on `stream` (a cudaStream_t; NULL = default stream) and

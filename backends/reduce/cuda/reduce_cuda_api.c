@@ -212,3 +212,31 @@ DSHIM_EXPORT dshim_status_t dshim_cuda_test_copy(void *dst, const void *src, siz
     cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
     return err == cudaSuccess ? DSHIM_OK : rc_cuda_failed("memcpy", err);
 }
+
+DSHIM_EXPORT dshim_status_t dshim_cuda_test_sync(void)
+{
+    cudaError_t err = cudaDeviceSynchronize();
+    return err == cudaSuccess ? DSHIM_OK : rc_cuda_failed("device synchronize", err);
+}
+
+DSHIM_EXPORT dshim_status_t dshim_cuda_test_describe(char *buf, size_t len)
+{
+    int dev = 0;
+    int runtime = 0;
+    int driver = 0;
+    struct cudaDeviceProp prop;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) {
+        err = cudaGetDeviceProperties(&prop, dev);
+    }
+    if (err != cudaSuccess) {
+        return rc_cuda_failed("device query", err);
+    }
+    cudaRuntimeGetVersion(&runtime);
+    cudaDriverGetVersion(&driver);
+    snprintf(buf, len, "device %d: %s, sm_%d%d, %d SMs, %.1f GiB; CUDA runtime %d.%d, driver %d.%d",
+             dev, prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+             (double)prop.totalGlobalMem / (1u << 30), runtime / 1000, runtime % 1000 / 10,
+             driver / 1000, driver % 1000 / 10);
+    return DSHIM_OK;
+}
