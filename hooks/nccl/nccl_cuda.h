@@ -1,0 +1,42 @@
+/*
+ * The CUDA runtime as dshim uses it: a table of functions looked up in the
+ * libcudart the process already loaded (dlopen RTLD_NOLOAD), so dshim and the
+ * application share one runtime, and a CPU-only program never loads CUDA.
+ * libdshim.so does not link libcudart; only CUDA's headers are used.
+ */
+#ifndef DSHIM_NCCL_CUDA_H
+#define DSHIM_NCCL_CUDA_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+typedef struct dshim_nccl_cuda_api {
+    cudaError_t (*PointerGetAttributes)(struct cudaPointerAttributes *attr, const void *ptr);
+    cudaError_t (*GetLastError)(void);
+    const char *(*GetErrorString)(cudaError_t err);
+    cudaError_t (*GetDevice)(int *dev);
+    cudaError_t (*SetDevice)(int dev);
+    cudaError_t (*Malloc)(void **ptr, size_t size);
+    cudaError_t (*Free)(void *ptr);
+    cudaError_t (*HostAlloc)(void **ptr, size_t size, unsigned int flags);
+    cudaError_t (*FreeHost)(void *ptr);
+    cudaError_t (*HostGetDevicePointer)(void **dptr, void *hptr, unsigned int flags);
+    cudaError_t (*MemcpyAsync)(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s);
+    cudaError_t (*EventCreateWithFlags)(cudaEvent_t *ev, unsigned int flags);
+    cudaError_t (*EventRecord)(cudaEvent_t ev, cudaStream_t s);
+    cudaError_t (*EventQuery)(cudaEvent_t ev);
+    cudaError_t (*EventDestroy)(cudaEvent_t ev);
+    cudaError_t (*StreamWaitEvent)(cudaStream_t s, cudaEvent_t ev, unsigned int flags);
+    cudaError_t (*LaunchHostFunc)(cudaStream_t s, cudaHostFn_t fn, void *data);
+    /* driver: stream waits until *addr >= value (CU_STREAM_WAIT_VALUE_GEQ);
+     * NULL when the driver lacks it (the host-function fallback is used) */
+    int (*StreamWaitValue32)(void *stream, unsigned long long addr, uint32_t value, unsigned int flags);
+} dshim_nccl_cuda_api_t;
+
+/* The table, or NULL when the process has no CUDA runtime loaded. */
+const dshim_nccl_cuda_api_t *dshim_nccl_cuda_api(void);
+
+/* cudaMemoryType of ptr as the runtime sees it (0 = unregistered host). */
+int dshim_nccl_cuda_memtype(const void *ptr);
+
+#endif

@@ -1,0 +1,600 @@
+/*
+ * The CUDA executor: ops on device (or managed, or pinned) memory, ordered
+ * on the caller's stream without blocking the caller.
+ *
+ * For a batch (one call, or one communicator's share of a group) on stream S
+ * the caller's thread enqueues, in S's order:
+ *   1. device -> pinned staging copies of the inputs (and of a PreMulSum
+ *      scalar that lives on the device);
+ *   2. event `ready`;
+ *   3. a wait until the communicator's flag (pinned, device-mapped) reaches
+ *      the batch's sequence number: cuStreamWaitValue32, or where the driver
+ *      lacks it a host function that waits for the flag;
+ *   4. staging -> device copies of the outputs; event `done`.
+ * and hands the batch to the communicator's proxy thread, which waits for
+ * `ready`, runs the ops on the staging buffers with the host executor
+ * (dshim's engine, CPU reduction), then writes the flag: the stream moves
+ * on.  Batches run in call order on every rank, as dshim requires.  Abort
+ * writes every pending flag, so no stream waits forever on a dead peer;
+ * the failure is reported by ncclCommGetAsyncError.
+ *
+ * Other streams of the same batch are joined to S with events at both ends.
+ * Staging blocks are reused once `done` has fired.
+ *
+ * Not run yet: this machine has no GPU (see docs/nccl.md).  Device-side
+ * reduction (backends/reduce/cuda), CUDA IPC between ranks of one host and
+ * chunked pipelining of copies with the network are the next steps; they
+ * replace steps 1-4 without changing the seam (dshim_nccl_executor_t).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+#include "nccl/nccl_cuda.h"
+#include "nccl/nccl_internal.h"
+#include "status.h"
+
+#define MAX_FREE_BYTES ((size_t)1 << 30) /* pinned staging kept for reuse */
+#define MIN_BLOCK ((size_t)64 << 10)
+
+typedef struct pinned_block {
+    void *ptr;
+    size_t size;
+    struct pinned_block *next;
+} pinned_block_t;
+
+typedef struct cuda_task {
+    struct cuda_task *next;
+    int n;
+    dshim_nccl_op_t *ops;       /* the batch, buffers replaced by host-addressable ones */
+    pinned_block_t **blocks;    /* staging to give back once `done` fired */
+    int nblocks;
+    cudaEvent_t ready, done;
+    uint32_t seq;
+} cuda_task_t;
+
+typedef struct dshim_nccl_cuda_state {
+    const dshim_nccl_cuda_api_t *api;
+    struct ncclComm *comm;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    cuda_task_t *head, *tail;   /* waiting for the proxy */
+    cuda_task_t *retired;       /* ran; staging busy until `done` */
+    int stop, aborting;
+    pthread_t proxy;
+    int proxy_started;
+    volatile uint32_t *flag;    /* pinned, mapped */
+    void *flag_dev;
+    uint32_t next_seq, completed;
+    pinned_block_t *free_blocks;
+    size_t free_bytes;
+} cuda_state_t;
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static ncclResult_t cuda_fail(const cuda_state_t *s, cudaError_t e, const char *what)
+{
+    s->api->GetLastError();
+    return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: %s failed: %s", s->comm->rank, what,
+                           s->api->GetErrorString(e));
+}
+
+/* --- pinned staging ------------------------------------------------------ */
+
+static pinned_block_t *block_get(cuda_state_t *s, size_t size)
+{
+    pthread_mutex_lock(&s->lock);
+    for (pinned_block_t **pp = &s->free_blocks; *pp; pp = &(*pp)->next) {
+        if ((*pp)->size >= size) {
+            pinned_block_t *b = *pp;
+            *pp = b->next;
+            s->free_bytes -= b->size;
+            pthread_mutex_unlock(&s->lock);
+            return b;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    size_t want = MIN_BLOCK;
+    while (want < size) {
+        want *= 2;
+    }
+    pinned_block_t *b = malloc(sizeof(*b));
+    if (!b) {
+        return NULL;
+    }
+    if (s->api->HostAlloc(&b->ptr, want, cudaHostAllocPortable) != cudaSuccess) {
+        s->api->GetLastError();
+        free(b);
+        return NULL;
+    }
+    b->size = want;
+    return b;
+}
+
+static void block_put(cuda_state_t *s, pinned_block_t *b)
+{
+    pthread_mutex_lock(&s->lock);
+    if (s->free_bytes + b->size <= MAX_FREE_BYTES) {
+        b->next = s->free_blocks;
+        s->free_blocks = b;
+        s->free_bytes += b->size;
+        b = NULL;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (b) {
+        s->api->FreeHost(b->ptr);
+        free(b);
+    }
+}
+
+static void task_free(cuda_state_t *s, cuda_task_t *t)
+{
+    for (int i = 0; i < t->nblocks; i++) {
+        block_put(s, t->blocks[i]);
+    }
+    if (t->ready) {
+        s->api->EventDestroy(t->ready);
+    }
+    if (t->done) {
+        s->api->EventDestroy(t->done);
+    }
+    free(t->blocks);
+    free(t->ops);
+    free(t);
+}
+
+/* Frees retired tasks whose output copies finished (all when wait_all). */
+static void reap(cuda_state_t *s, int wait_all)
+{
+    pthread_mutex_lock(&s->lock);
+    cuda_task_t *list = s->retired;
+    s->retired = NULL;
+    pthread_mutex_unlock(&s->lock);
+    cuda_task_t *keep = NULL;
+    while (list) {
+        cuda_task_t *t = list;
+        list = t->next;
+        cudaError_t e;
+        while ((e = s->api->EventQuery(t->done)) == cudaErrorNotReady && wait_all) {
+            sleep_us(100);
+        }
+        if (e == cudaErrorNotReady) {
+            t->next = keep;
+            keep = t;
+        } else {
+            if (e != cudaSuccess) {
+                s->api->GetLastError();
+            }
+            task_free(s, t);
+        }
+    }
+    pthread_mutex_lock(&s->lock);
+    while (keep) {
+        cuda_task_t *t = keep;
+        keep = t->next;
+        t->next = s->retired;
+        s->retired = t;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* --- the proxy thread -------------------------------------------------- */
+
+int dshim_nccl_exec_cuda_is_proxy(const struct ncclComm *comm)
+{
+    const cuda_state_t *s = comm->cuda;
+    return s && s->proxy_started && pthread_equal(pthread_self(), s->proxy);
+}
+
+static void release_stream(cuda_state_t *s, uint32_t seq)
+{
+    pthread_mutex_lock(&s->lock);
+    if (s->aborting) {
+        pthread_mutex_unlock(&s->lock);
+        return;  /* abort already released every wait (the flag never goes back) */
+    }
+    __atomic_store_n(s->flag, seq, __ATOMIC_RELEASE);
+    s->completed = seq;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void run_task(cuda_state_t *s, cuda_task_t *t)
+{
+    long backoff = 1;
+    cudaError_t e;
+    while ((e = s->api->EventQuery(t->ready)) == cudaErrorNotReady) {
+        if (__atomic_load_n(&s->aborting, __ATOMIC_ACQUIRE)) {
+            return;
+        }
+        sleep_us(backoff);  /* polled, not cudaEventSynchronize: an abort must stop the wait */
+        backoff = backoff < 100 ? backoff * 2 : 100;
+    }
+    dshim_comm_t *dc = s->comm->dc;
+    if (e != cudaSuccess) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "rank %d: waiting for the input copies failed: %s", dc->rank,
+                 s->api->GetErrorString(e));
+        s->api->GetLastError();
+        dshim_comm_fail(dc, DSHIM_ERR_SYSTEM, msg);
+        return;
+    }
+    if (__atomic_load_n(&s->aborting, __ATOMIC_ACQUIRE)) {
+        return;
+    }
+    void *batch = NULL;
+    /* one proxy per communicator: its batch may run to completion here */
+    ncclResult_t res = dshim_nccl_exec_host.start(s->comm, t->ops, t->n, 1, &batch);
+    ncclResult_t fin = dshim_nccl_exec_host.finish(s->comm, batch);
+    if ((res != ncclSuccess || fin != ncclSuccess) && __atomic_load_n(&dc->error, __ATOMIC_ACQUIRE) == DSHIM_OK) {
+        /* nobody waits for this call's result: make it the communicator's
+         * asynchronous error */
+        dshim_comm_fail(dc, DSHIM_ERR_INTERNAL, dshim_last_error());
+    }
+}
+
+static void *proxy_main(void *arg)
+{
+    cuda_state_t *s = arg;
+    dshim_log_set_rank(s->comm->rank);
+    if (s->api->SetDevice(s->comm->cuda_dev) != cudaSuccess) {
+        s->api->GetLastError();
+    }
+    pthread_mutex_lock(&s->lock);
+    while (1) {
+        while (!s->head && !s->stop) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 5000000;  /* wake now and then to reap staging */
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+            if (s->retired && !s->head) {
+                pthread_mutex_unlock(&s->lock);
+                reap(s, 0);
+                pthread_mutex_lock(&s->lock);
+            }
+        }
+        if (!s->head) {
+            break;  /* stopping, nothing left */
+        }
+        cuda_task_t *t = s->head;
+        s->head = t->next;
+        if (!s->head) {
+            s->tail = NULL;
+        }
+        pthread_mutex_unlock(&s->lock);
+        run_task(s, t);
+        release_stream(s, t->seq);
+        pthread_mutex_lock(&s->lock);
+        t->next = s->retired;
+        s->retired = t;
+        pthread_mutex_unlock(&s->lock);
+        reap(s, 0);
+        pthread_mutex_lock(&s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+/* Fallback stream wait: a host function that blocks the stream until the
+ * proxy wrote the flag.  It occupies CUDA's callback thread meanwhile. */
+typedef struct host_wait {
+    cuda_state_t *s;
+    uint32_t seq;
+} host_wait_t;
+
+static void host_wait_fn(void *arg)
+{
+    host_wait_t *w = arg;
+    long backoff = 1;
+    while ((int32_t)(__atomic_load_n(w->s->flag, __ATOMIC_ACQUIRE) - w->seq) < 0 &&
+           !__atomic_load_n(&w->s->aborting, __ATOMIC_ACQUIRE)) {
+        sleep_us(backoff);
+        backoff = backoff < 200 ? backoff * 2 : 200;
+    }
+    free(w);
+}
+
+/* --- setup ------------------------------------------------------------- */
+
+static ncclResult_t state_get(struct ncclComm *comm, cuda_state_t **s_p)
+{
+    if (comm->cuda) {
+        *s_p = comm->cuda;
+        return ncclSuccess;
+    }
+    const dshim_nccl_cuda_api_t *api = dshim_nccl_cuda_api();
+    cuda_state_t *s = calloc(1, sizeof(*s));
+    if (!api || !s) {
+        free(s);
+        return dshim_nccl_fail(ncclSystemError, "NCCL collective", "rank %d: no CUDA runtime or no memory",
+                               comm->rank);
+    }
+    s->api = api;
+    s->comm = comm;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    void *flag = NULL;
+    cudaError_t e = api->HostAlloc(&flag, 64, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e == cudaSuccess) {
+        e = api->HostGetDevicePointer(&s->flag_dev, flag, 0);
+    }
+    if (e != cudaSuccess) {
+        ncclResult_t r = cuda_fail(s, e, "allocating the stream flag");
+        if (flag) {
+            api->FreeHost(flag);
+        }
+        free(s);
+        return r;
+    }
+    s->flag = flag;
+    *s->flag = 0;
+    if (pthread_create(&s->proxy, NULL, proxy_main, s) != 0) {
+        api->FreeHost(flag);
+        free(s);
+        return dshim_nccl_fail(ncclSystemError, "NCCL collective", "rank %d: cannot start the CUDA proxy thread",
+                               comm->rank);
+    }
+    s->proxy_started = 1;
+    comm->cuda = s;
+    *s_p = s;
+    return ncclSuccess;
+}
+
+static int is_staged(int memtype)
+{
+    return memtype == cudaMemoryTypeDevice || memtype == cudaMemoryTypeManaged;
+}
+
+static int within(const void *p, const void *base, size_t len)
+{
+    return (const char *)p >= (const char *)base && (const char *)p < (const char *)base + len;
+}
+
+/* Stages one op: host-addressable buffers in t->ops[i], input copies on s. */
+static ncclResult_t stage_op(cuda_state_t *s, cuda_task_t *t, int i, cudaStream_t stream)
+{
+    const dshim_nccl_cuda_api_t *a = s->api;
+    dshim_nccl_op_t *o = &t->ops[i];
+    int smt = o->send_bytes ? dshim_nccl_cuda_memtype(o->sbuf) : 0;
+    int rmt = o->recv_bytes ? dshim_nccl_cuda_memtype(o->rbuf) : 0;
+    const void *dev_s = o->sbuf;
+    void *rstage = o->rbuf;
+    const void *sstage = o->sbuf;
+    if (is_staged(rmt)) {
+        pinned_block_t *b = block_get(s, o->recv_bytes);
+        if (!b) {
+            return dshim_nccl_fail(ncclSystemError, "NCCL collective", "no pinned memory for %zu bytes",
+                                   o->recv_bytes);
+        }
+        t->blocks[t->nblocks++] = b;
+        rstage = b->ptr;
+    }
+    if (is_staged(smt)) {
+        if (is_staged(rmt) && within(o->sbuf, o->rbuf, o->recv_bytes)) {
+            sstage = (char *)rstage + ((const char *)o->sbuf - (const char *)o->rbuf);  /* in place */
+        } else {
+            pinned_block_t *b = block_get(s, o->send_bytes);
+            if (!b) {
+                return dshim_nccl_fail(ncclSystemError, "NCCL collective", "no pinned memory for %zu bytes",
+                                       o->send_bytes);
+            }
+            t->blocks[t->nblocks++] = b;
+            sstage = b->ptr;
+            if (is_staged(rmt) && within(o->rbuf, o->sbuf, o->send_bytes)) {
+                rstage = (char *)b->ptr + ((const char *)o->rbuf - (const char *)o->sbuf);
+            }
+        }
+        cudaError_t e = a->MemcpyAsync((void *)sstage, dev_s, o->send_bytes, cudaMemcpyDeviceToHost, stream);
+        if (e != cudaSuccess) {
+            return cuda_fail(s, e, "cudaMemcpyAsync (input to staging)");
+        }
+    }
+    if (o->premul && o->residence == ncclScalarDevice && is_staged(dshim_nccl_cuda_memtype(o->scalar_ptr))) {
+        /* read when the op runs, as NCCL does: copied in stream order */
+        pinned_block_t *b = block_get(s, 8);
+        if (!b) {
+            return dshim_nccl_fail(ncclSystemError, "NCCL collective", "no pinned memory for a scalar");
+        }
+        t->blocks[t->nblocks++] = b;
+        cudaError_t e = a->MemcpyAsync(b->ptr, o->scalar_ptr, dshim_dtype_size(o->dtype), cudaMemcpyDeviceToHost,
+                                       stream);
+        if (e != cudaSuccess) {
+            return cuda_fail(s, e, "cudaMemcpyAsync (PreMulSum scalar)");
+        }
+        o->scalar_ptr = b->ptr;
+    }
+    o->sbuf = sstage;
+    o->rbuf = rstage;
+    return ncclSuccess;
+}
+
+static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int n, int lone, void **batch_p)
+{
+    (void)lone;  /* never waits: the stream does */
+    *batch_p = NULL;
+    cuda_state_t *s = NULL;
+    ncclResult_t res = state_get(comm, &s);
+    if (res != ncclSuccess) {
+        return res;
+    }
+    const dshim_nccl_cuda_api_t *a = s->api;
+    cudaStream_t stream = ops[0].stream;
+    cuda_task_t *t = calloc(1, sizeof(*t));
+    if (!t || !(t->ops = malloc((size_t)n * sizeof(*t->ops))) ||
+        !(t->blocks = calloc((size_t)n * 3, sizeof(*t->blocks)))) {
+        if (t) {
+            free(t->ops);
+            free(t);
+        }
+        return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
+    }
+    memcpy(t->ops, ops, (size_t)n * sizeof(*ops));
+    t->n = n;
+    cudaError_t e = a->EventCreateWithFlags(&t->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+        e = a->EventCreateWithFlags(&t->done, cudaEventDisableTiming);
+    }
+    if (e != cudaSuccess) {
+        res = cuda_fail(s, e, "cudaEventCreate");
+        task_free(s, t);
+        return res;
+    }
+    /* the batch starts after the work already queued on its other streams */
+    for (int i = 1; i < n; i++) {
+        if (ops[i].stream != stream) {
+            if ((e = a->EventRecord(t->done, ops[i].stream)) != cudaSuccess ||
+                (e = a->StreamWaitEvent(stream, t->done, 0)) != cudaSuccess) {
+                res = cuda_fail(s, e, "joining the group's streams");
+                task_free(s, t);
+                return res;
+            }
+        }
+    }
+    for (int i = 0; i < n && res == ncclSuccess; i++) {
+        res = stage_op(s, t, i, stream);
+    }
+    if (res == ncclSuccess && (e = a->EventRecord(t->ready, stream)) != cudaSuccess) {
+        res = cuda_fail(s, e, "cudaEventRecord");
+    }
+    if (res != ncclSuccess) {
+        /* nothing was handed to the proxy: copies already queued only fill
+         * staging, which is released once they are done */
+        a->EventRecord(t->done, stream);
+        pthread_mutex_lock(&s->lock);
+        t->next = s->retired;
+        s->retired = t;
+        pthread_mutex_unlock(&s->lock);
+        return res;
+    }
+    pthread_mutex_lock(&s->lock);
+    t->seq = ++s->next_seq;
+    uint32_t seq = t->seq;
+    if (s->tail) {
+        s->tail->next = t;
+    } else {
+        s->head = t;
+    }
+    s->tail = t;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    /* from here the proxy owns t; the stream waits for its flag */
+    if (a->StreamWaitValue32) {
+        int r = a->StreamWaitValue32((void *)stream, (unsigned long long)(uintptr_t)s->flag_dev, seq,
+                                     0 /* CU_STREAM_WAIT_VALUE_GEQ, cyclic */);
+        if (r != 0) {
+            return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: cuStreamWaitValue32 "
+                                   "failed (CUresult %d)", comm->rank, r);
+        }
+    } else {
+        host_wait_t *w = malloc(sizeof(*w));
+        if (!w) {
+            return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
+        }
+        w->s = s;
+        w->seq = seq;
+        if ((e = a->LaunchHostFunc(stream, host_wait_fn, w)) != cudaSuccess) {
+            free(w);
+            return cuda_fail(s, e, "cudaLaunchHostFunc");
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        const dshim_nccl_op_t *o = &ops[i];
+        if (o->recv_bytes && t->ops[i].rbuf != o->rbuf &&
+            (e = a->MemcpyAsync(o->rbuf, t->ops[i].rbuf, o->recv_bytes, cudaMemcpyHostToDevice, stream)) !=
+                cudaSuccess) {
+            return cuda_fail(s, e, "cudaMemcpyAsync (staging to output)");
+        }
+    }
+    if ((e = a->EventRecord(t->done, stream)) != cudaSuccess) {
+        return cuda_fail(s, e, "cudaEventRecord");
+    }
+    /* and the group's other streams continue after it */
+    for (int i = 1; i < n; i++) {
+        if (ops[i].stream != stream && (e = a->StreamWaitEvent(ops[i].stream, t->done, 0)) != cudaSuccess) {
+            return cuda_fail(s, e, "joining the group's streams");
+        }
+    }
+    return ncclSuccess;
+}
+
+static ncclResult_t cuda_finish(struct ncclComm *comm, void *batch)
+{
+    (void)comm, (void)batch;
+    return ncclSuccess;  /* the stream waits, not the caller */
+}
+
+static ncclResult_t cuda_drain(struct ncclComm *comm)
+{
+    cuda_state_t *s = comm->cuda;
+    if (!s) {
+        return ncclSuccess;
+    }
+    pthread_mutex_lock(&s->lock);
+    while ((int32_t)(s->completed - s->next_seq) < 0 && !s->aborting) {
+        pthread_cond_wait(&s->cond, &s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    reap(s, 1);
+    return ncclSuccess;
+}
+
+static void cuda_abort(struct ncclComm *comm)
+{
+    cuda_state_t *s = comm->cuda;
+    if (!s) {
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    s->aborting = 1;
+    /* every stream waiting on this communicator moves on */
+    __atomic_store_n(s->flag, s->next_seq, __ATOMIC_RELEASE);
+    s->completed = s->next_seq;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void cuda_destroy(struct ncclComm *comm)
+{
+    cuda_state_t *s = comm->cuda;
+    if (!s) {
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    s->stop = 1;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    if (s->proxy_started) {
+        pthread_join(s->proxy, NULL);
+    }
+    reap(s, 1);
+    while (s->free_blocks) {
+        pinned_block_t *b = s->free_blocks;
+        s->free_blocks = b->next;
+        s->api->FreeHost(b->ptr);
+        free(b);
+    }
+    s->api->FreeHost((void *)s->flag);
+    pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+    comm->cuda = NULL;
+}
+
+const dshim_nccl_executor_t dshim_nccl_exec_cuda = {
+    .name = "cuda",
+    .start = cuda_start,
+    .finish = cuda_finish,
+    .drain = cuda_drain,
+    .abort = cuda_abort,
+    .destroy = cuda_destroy,
+};

@@ -1,0 +1,190 @@
+"""PyTorch's own backend "nccl" carried by dshim: ProcessGroupNCCL's NCCL calls resolve to libdshim.so
+(LD_PRELOAD), with several ranks on ONE GPU (what real NCCL refuses).
+
+    nccl_ddp.py [--np 2] [--lib build/lib/libdshim.so]
+
+Checks, per run:
+  1. a collective matrix on CUDA tensors (all_reduce sum/avg/max/premul-sum, broadcast,
+     all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, batched send/recv) in
+     float32, float16 and bfloat16, against values computed locally;
+  2. DDP: a small MLP trained 5 steps, every rank on its own shard; the final parameters equal a
+     single-process reference trained on the whole batch (same seed);
+  3. dshim carried it: with DSHIM_DEBUG=INFO rank 0 logs dshim's "rank 0 of N joined" when
+     ProcessGroupNCCL's ncclCommInitRank(Config) lands in libdshim.so (and DSHIM_SUMMARY=1 adds
+     dshim's one-line summary when the communicator is destroyed).
+Exit 77 (ctest: skipped) without a CUDA device or without torch's NCCL backend.  DSHIM_TAKEOVER=0
+keeps dshim's Python takeover away, so it is ProcessGroupNCCL (C++) that calls the NCCL API.
+"""
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SKIP = 77
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model_and_data(torch, world, steps=5, per_rank=16):
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    g = torch.Generator().manual_seed(99)
+    xs = torch.randn(steps, world * per_rank, 32, generator=g)
+    ys = torch.randint(0, 4, (steps, world * per_rank), generator=g)
+    return model, xs, ys
+
+
+def collective_matrix(torch, dist, rank, world, dev):
+    fails = []
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        base = torch.arange(37, device=dev, dtype=torch.float32)
+        x = (base % 4 + 1 + rank).to(dt)
+        y = x.clone()
+        dist.all_reduce(y)
+        want = sum((base % 4 + 1 + r) for r in range(world)).to(dt)
+        if not torch.equal(y, want):
+            fails.append(f"all_reduce sum {dt}")
+        y = x.clone()
+        dist.all_reduce(y, op=dist.ReduceOp.MAX)
+        if not torch.equal(y, (base % 4 + world).to(dt)):
+            fails.append(f"all_reduce max {dt}")
+        y = x.clone()
+        dist.all_reduce(y, op=dist.ReduceOp.AVG)
+        if not torch.allclose(y.float(), (want.float() / world), rtol=1e-2):
+            fails.append(f"all_reduce avg {dt}")
+        if hasattr(dist, "_make_nccl_premul_sum"):
+            y = x.clone()
+            dist.all_reduce(y, op=dist._make_nccl_premul_sum(0.5))
+            if not torch.allclose(y.float(), want.float() * 0.5, rtol=1e-2):
+                fails.append(f"all_reduce premul_sum {dt}")
+        y = x.clone() if rank == world - 1 else torch.zeros_like(x)
+        dist.broadcast(y, src=world - 1)
+        if not torch.equal(y, (base % 4 + world).to(dt)):
+            fails.append(f"broadcast {dt}")
+        out = torch.empty(world * 37, device=dev, dtype=dt)
+        dist.all_gather_into_tensor(out, x)
+        if not torch.equal(out, torch.cat([(base % 4 + 1 + r).to(dt) for r in range(world)])):
+            fails.append(f"all_gather {dt}")
+        big = torch.cat([x] * world)
+        rs = torch.empty_like(x)
+        dist.reduce_scatter_tensor(rs, big)
+        if not torch.equal(rs, want):
+            fails.append(f"reduce_scatter {dt}")
+        a2a_in = torch.cat([torch.full((5,), rank * 10 + j, device=dev, dtype=dt) for j in range(world)])
+        a2a_out = torch.empty_like(a2a_in)
+        dist.all_to_all_single(a2a_out, a2a_in)
+        if not torch.equal(a2a_out, torch.cat([torch.full((5,), r * 10 + rank, device=dev, dtype=dt)
+                                                for r in range(world)])):
+            fails.append(f"all_to_all {dt}")
+        right, left = (rank + 1) % world, (rank - 1) % world
+        recv = torch.empty_like(x)
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, right), dist.P2POp(dist.irecv, recv, left)])
+        for r in reqs:
+            r.wait()
+        if not torch.equal(recv, (base % 4 + 1 + left).to(dt)):
+            fails.append(f"send/recv {dt}")
+    torch.cuda.synchronize()
+    return fails
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dev = torch.device("cuda", 0)  # every rank on the one GPU
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", device_id=dev)
+    fails = collective_matrix(torch, dist, rank, world, dev)
+    model, xs, ys = model_and_data(torch, world)
+    ddp = torch.nn.parallel.DistributedDataParallel(model.to(dev), device_ids=[0])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    n = xs.shape[1] // world
+    for step in range(xs.shape[0]):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ddp(xs[step, rank * n:(rank + 1) * n].to(dev)),
+                                                 ys[step, rank * n:(rank + 1) * n].to(dev))
+        loss.backward()
+        opt.step()
+    if rank == 0:
+        torch.save([p.detach().cpu() for p in ddp.module.parameters()], args.out)
+    for f in fails:
+        print(f"FAIL rank {rank}: {f}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 1 if fails else 0
+
+
+def reference(torch, world, path):
+    model, xs, ys = model_and_data(torch, world)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(xs.shape[0]):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xs[step]), ys[step]).backward()
+        opt.step()
+    got = torch.load(path)
+    return all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(got, model.parameters()))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--lib", default=os.path.join(os.environ.get("DSHIM_BUILD_DIR", os.path.join(ROOT, "build")),
+                                                 "lib", "libdshim.so"))
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--out")
+    args = p.parse_args()
+    if args.worker:
+        sys.exit(worker(args))
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        print("nccl_ddp: no torch: skipped")
+        sys.exit(SKIP)
+    if not torch.cuda.is_available() or not dist.is_nccl_available():
+        print("nccl_ddp: no CUDA device or no NCCL backend in this torch: skipped")
+        sys.exit(SKIP)
+    with tempfile.TemporaryDirectory(prefix="dshim-nccl-ddp-") as tmp:
+        out = os.path.join(tmp, "params.pt")
+        env = dict(os.environ, LD_PRELOAD=os.path.abspath(args.lib), DSHIM_TAKEOVER="0", DSHIM_SUMMARY="1", DSHIM_DEBUG="INFO",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.np),
+                   TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
+        procs = [subprocess.Popen([sys.executable, __file__, "--worker", "--out", out],
+                                  env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(args.np)]
+        outputs, codes = [], []
+        try:
+            for pr in procs:
+                o, _ = pr.communicate(timeout=240)
+                outputs.append(o)
+                codes.append(pr.returncode)
+        finally:
+            for pr in procs:
+                if pr.poll() is None:
+                    pr.kill()
+                    pr.wait()
+        ok = all(c == 0 for c in codes)
+        summary = bool(outputs) and ("rank 0 of %d joined" % args.np in outputs[0] or
+                                     "dshim: %d ranks" % args.np in outputs[0])
+        same = ok and reference(torch, args.np, out)
+        for r, o in enumerate(outputs):
+            if not (ok and summary and same):
+                print(f"---- rank {r} (exit {codes[r]}):\n{o}")
+        print(f"nccl_ddp np{args.np}: collectives {'ok' if ok else 'FAILED'}, dshim carried it: "
+              f"{'yes' if summary else 'NO'}, DDP equals the single-process reference: {'yes' if same else 'NO'}")
+        passed = ok and summary and same
+        print(f"{int(passed)} passed, {int(not passed)} failed")
+        sys.exit(0 if passed else 1)
+
+
+if __name__ == "__main__":
+    main()
