@@ -4,7 +4,7 @@ BUILD      ?= build
 JOBS       ?= 2
 CMAKE_ARGS ?=
 
-.PHONY: all setup build test test-fast demo bench bench-torch env-doc clean
+.PHONY: all setup build test test-fast demo bench bench-torch bench-mxnet env-doc clean
 
 all: build
 
@@ -34,6 +34,13 @@ bench: setup build
 bench-torch: setup build
 	@.venv/bin/python bench/ddp_bench.py --build $(BUILD) --venv .venv --np 2,4 --reps 3 \
 	    --out docs/benchmarks.md
+
+# MXNet dist kvstore, dshim's parameter server vs ps-lite (pushpull throughput, Gluon Trainer),
+# interleaved, on loopback and on 2 namespace hosts with 1 Gbit/s links (2-bit); replaces the
+# "## MXNet dist kvstore" sections of docs/benchmarks.md (~4 min, root)
+bench-mxnet: setup build
+	@.venv-mxnet/bin/python bench/mxnet_bench.py --build $(BUILD) --reps 3 --out docs/benchmarks.md
+	@bench/mxnet_netns_bench.sh --reps 3 --out docs/benchmarks.md
 
 env-doc: build
 	@$(BUILD)/bin/gen-env-doc > docs/env-vars.md

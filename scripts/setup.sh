@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake pkg-config libzmq3-dev libunwind-dev libelf-dev check
               openmpi-bin libopenmpi-dev iproute2 valgrind python3-venv procps
-              openssh-server openssh-client rsync slurm-wlm munge)
+              openssh-server openssh-client rsync slurm-wlm munge libgomp1 libquadmath0)
 TORCH_VERSION=2.11.0
 
 SUDO=""
@@ -57,4 +57,33 @@ if ! .venv/bin/pip show dshim >/dev/null 2>&1; then
     echo "setup: installing the dshim torch backend into .venv (pip install -e python)"
     .venv/bin/pip install -q --disable-pip-version-check --no-deps -e python
 fi
-echo "setup: ok ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
+# .venv-mxnet: MXNet 1.9.1 from PyPI for tests/mxnet (the dist kvstore over dshim's parameter
+# server).  MXNet 1.9 predates Python 3.11 and uses numpy's removed aliases (np.bool): Python 3.10
+# and numpy < 1.24.  The wheel needs libgomp1 and libquadmath0 (above).
+MXNET_VERSION=1.9.1
+mxvenv_ok() {
+    [ -x .venv-mxnet/bin/python ] && .venv-mxnet/bin/python - <<PYEOF >/dev/null 2>&1
+import mxnet, numpy, pytest, pytest_timeout
+assert mxnet.__version__ == "$MXNET_VERSION", mxnet.__version__
+PYEOF
+}
+if ! mxvenv_ok; then
+    PY310=""
+    for cand in "$HOME/.pyenv/versions/3.10.13/bin/python" "$(command -v python3.10 || true)"; do
+        if [ -n "$cand" ] && [ -x "$cand" ] && "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null; then
+            PY310=$cand
+            break
+        fi
+    done
+    if [ -z "$PY310" ]; then
+        echo "setup: .venv-mxnet needs Python 3.10 (MXNet 1.9.1 has no wheels for newer ones): install it" \
+             "(pyenv install 3.10.13, or apt-get install python3.10-venv where available)" >&2
+        exit 1
+    fi
+    echo "setup: creating .venv-mxnet with mxnet==$MXNET_VERSION (Python 3.10 at $PY310)"
+    [ -x .venv-mxnet/bin/python ] || "$PY310" -m venv .venv-mxnet
+    .venv-mxnet/bin/pip install -q --disable-pip-version-check "mxnet==$MXNET_VERSION" "numpy<1.24" pytest \
+        pytest-timeout
+    mxvenv_ok || { echo "setup: .venv-mxnet is broken after install (import mxnet failed)" >&2; exit 1; }
+fi
+echo "setup: ok ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), mxnet $MXNET_VERSION)"

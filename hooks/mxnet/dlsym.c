@@ -1,0 +1,98 @@
+/* dlsym interposition: MXNet's Python opens libmxnet with
+ * ctypes.CDLL(RTLD_LOCAL) and finds every C function with dlsym(handle, name),
+ * which an LD_PRELOAD definition of MXKVStorePush would never shadow.  So
+ * libdshim.so exports dlsym itself: for a MXKVStore* name looked up in a
+ * library that defines it (libmxnet), it returns dshim's implementation;
+ * everything else goes to glibc's dlsym untouched.
+ *
+ * The forwarding must keep the caller's return address: glibc's dlsym uses it
+ * to resolve RTLD_NEXT relative to the calling object (sanitizers, CUDA and
+ * other interposers rely on that).  On x86-64 the entry is a few lines of
+ * assembly that ask the hook and then jump (not call) to the real dlsym;
+ * elsewhere a C tail call does the same at -O2. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "config.h"
+#include "mxnet/mx_api.h"
+
+typedef void *(*dlsym_fn_t)(void *, const char *);
+
+__attribute__((visibility("hidden"))) dlsym_fn_t dshim_real_dlsym_ptr;
+__attribute__((visibility("hidden"))) void *dshim_mx_dlsym_hook(void *handle, const char *name);
+
+static pthread_once_t real_once = PTHREAD_ONCE_INIT;
+
+static void resolve_real(void)
+{
+    /* dlvsym is not interposed; the version names glibc's dlsym (2.34 moved
+     * it from libdl into libc) */
+    void *p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (p == NULL) {
+        p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    }
+    if (p == NULL) {
+        p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17"); /* aarch64 */
+    }
+    __atomic_store_n(&dshim_real_dlsym_ptr, (dlsym_fn_t)p, __ATOMIC_RELEASE);
+}
+
+void *dshim_mx_real_dlsym(void *handle, const char *name)
+{
+    pthread_once(&real_once, resolve_real);
+    return dshim_real_dlsym_ptr(handle, name);
+}
+
+static int interesting(const char *name)
+{
+    return name != NULL && name[0] == 'M' && name[1] == 'X' && strncmp(name, "MXKVStore", 9) == 0;
+}
+
+/* NULL: let the real dlsym answer (the caller's own lookup, unchanged). */
+void *dshim_mx_dlsym_hook(void *handle, const char *name)
+{
+    pthread_once(&real_once, resolve_real);
+    if (!interesting(name) || handle == RTLD_NEXT || handle == RTLD_DEFAULT) {
+        return NULL;
+    }
+    void *ours = dshim_mx_kvstore_lookup(name);
+    if (ours == NULL || !dshim_config()->mxnet_takeover) {
+        return NULL;
+    }
+    /* only inside a library that really is MXNet */
+    if (dshim_real_dlsym_ptr(handle, name) == NULL || dshim_mx_api_bind(handle) != 0) {
+        return NULL;
+    }
+    return ours;
+}
+
+#if defined(__x86_64__)
+__asm__(".text\n"
+        ".globl dlsym\n"
+        ".type dlsym, @function\n"
+        "dlsym:\n"
+        "    endbr64\n" /* a landing pad under CET/IBT; a no-op elsewhere */
+        "    pushq %rdi\n"
+        "    pushq %rsi\n"
+        "    subq $8, %rsp\n"
+        "    call dshim_mx_dlsym_hook\n"
+        "    addq $8, %rsp\n"
+        "    popq %rsi\n"
+        "    popq %rdi\n"
+        "    testq %rax, %rax\n"
+        "    jz 1f\n"
+        "    ret\n"
+        "1:\n"
+        "    jmp *dshim_real_dlsym_ptr(%rip)\n"
+        ".size dlsym, .-dlsym\n");
+#else
+__attribute__((visibility("default"))) void *dlsym(void *handle, const char *name)
+{
+    void *ours = dshim_mx_dlsym_hook(handle, name);
+    if (ours != NULL) {
+        return ours;
+    }
+    return dshim_real_dlsym_ptr(handle, name); /* a tail call at -O2 */
+}
+#endif

@@ -1,0 +1,120 @@
+/* Wire format and node internals of dshim's parameter server (shim/ps.h).
+ * Every message is one fixed header plus `len` payload bytes, on TCP. */
+#ifndef DSHIM_PS_PROTO_H
+#define DSHIM_PS_PROTO_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <netinet/in.h>
+#include "ps.h"
+
+#define DSHIM_PS_MAGIC 0x53505344u /* "DSPS" */
+
+enum {
+    DSHIM_PS_MSG_HELLO = 1,     /* node -> scheduler: dshim_ps_hello_t */
+    DSHIM_PS_MSG_ASSIGN,        /* scheduler -> node: rank, then the servers' addresses */
+    DSHIM_PS_MSG_BARRIER,       /* node -> scheduler: key = group */
+    DSHIM_PS_MSG_BARRIER_DONE,  /* scheduler -> node */
+    DSHIM_PS_MSG_DEAD,          /* scheduler -> node: key = group of the dead node, payload = text */
+    DSHIM_PS_MSG_BYE,           /* node -> scheduler: a clean end follows */
+    DSHIM_PS_MSG_WHELLO,        /* worker -> server: key = worker rank, payload = token */
+    DSHIM_PS_MSG_PUSH,          /* worker -> server: key, dtype, payload (flags) */
+    DSHIM_PS_MSG_PULL,          /* worker -> server: key, dtype */
+    DSHIM_PS_MSG_CMD,           /* worker -> server: key = command id, payload = body */
+    DSHIM_PS_MSG_REPLY,         /* server -> worker: seq; payload = value for pulls */
+    DSHIM_PS_MSG_ERROR,         /* server -> worker: seq; payload = text */
+    DSHIM_PS_MSG_STOP,          /* scheduler -> server: every worker left without kStopServer */
+};
+
+#define DSHIM_PS_F_PULL 1u       /* push: answer with the stored value */
+#define DSHIM_PS_F_COMPRESSED 2u /* push: 2-bit words of `nelem` values */
+
+typedef struct dshim_ps_hdr {
+    uint32_t magic;
+    uint8_t type;
+    uint8_t flags;
+    uint16_t dtype;
+    int32_t key;
+    uint32_t seq;
+    uint64_t nelem;
+    uint64_t len;
+} dshim_ps_hdr_t;
+
+typedef struct dshim_ps_hello {
+    int32_t role;
+    int32_t port;     /* servers: data port */
+    uint32_t ip;      /* servers: data address (network order) */
+    int32_t pid;
+    int32_t hint;     /* DMLC_TASK_ID or -1: ranks follow it within a role */
+    char host[64];
+    char token[64];   /* DSHIM_JOB_TOKEN ("" when none) */
+} dshim_ps_hello_t;
+
+typedef struct dshim_ps_assign {
+    int32_t rank;
+    int32_t num_workers;
+    int32_t num_servers;
+    int32_t pad;
+    /* then num_servers x dshim_ps_hello_t (servers by rank) */
+} dshim_ps_assign_t;
+
+typedef struct dshim_ps_pending {
+    uint32_t seq;
+    int server;
+    void *out;
+    size_t out_len;
+    dshim_ps_done_fn on_done; /* called by the receiver thread once answered (or failed) */
+    void *arg;
+} dshim_ps_pending_t;
+
+struct dshim_ps_node {
+    dshim_ps_env_t env;
+    int rank;
+    int sched_fd;
+    pthread_mutex_t send_mu;   /* writes to sched_fd */
+    pthread_mutex_t mu;        /* the fields below */
+    pthread_cond_t cond;
+    pthread_t monitor;
+    int monitor_running;
+    int closing;
+    int stop_requested;        /* the scheduler's STOP: every worker left without a barrier */
+    unsigned long barriers_done;
+    int dead_groups[8];        /* dead nodes per group bit index */
+    char failure[512];         /* first death / scheduler loss */
+    int wake_pipe[2];          /* written when failure is set */
+    dshim_ps_hello_t *servers; /* num_servers entries */
+    /* server role */
+    int listen_fd;
+    struct in_addr addr;
+    int port;
+    /* worker role: data connections; answers are read by the receiver thread */
+    int *server_fds;
+    pthread_mutex_t pend_mu;   /* next_seq, pending, quiescing */
+    pthread_cond_t pend_cond;  /* signalled when a request completes */
+    uint32_t next_seq;
+    dshim_ps_pending_t **pending;
+    size_t npending, cap_pending;
+    int quiescing;             /* teardown: a server closing its side is expected */
+    pthread_t receiver;
+    int receiver_running;
+    int recv_pipe[2];          /* stops the receiver */
+    char recv_error[512];      /* why the receiver stopped, "" while healthy */
+    /* counters */
+    unsigned long n_push, n_pull, n_cmd;
+    unsigned long long bytes_out, bytes_in;
+};
+
+/* I/O with a deadline (monotonic seconds; <= 0: none). */
+dshim_status_t dshim_ps_send(int fd, const dshim_ps_hdr_t *h, const void *payload, double deadline);
+dshim_status_t dshim_ps_recv_hdr(int fd, dshim_ps_hdr_t *h, double deadline);
+dshim_status_t dshim_ps_recv_body(int fd, void *buf, size_t len, double deadline);
+dshim_status_t dshim_ps_skip_body(int fd, size_t len, double deadline);
+void dshim_ps_hdr_init(dshim_ps_hdr_t *h, int type, int key, uint64_t len);
+const char *dshim_ps_msg_name(int type);
+/* PS_VERBOSE logging: "[dshim-ps <role> <rank>] ..." on stderr */
+void dshim_ps_log(const dshim_ps_env_t *env, int rank, int level, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* records the node's failure (first one wins) and wakes waiters */
+void dshim_ps_node_fail(dshim_ps_node_t *node, const char *msg);
+
+#endif

@@ -1,0 +1,303 @@
+/* Parameter server: the scheduler — registration, rank assignment, barriers,
+ * and the job's lifeline: a node whose connection closes without BYE is dead,
+ * every other node is told at once (ps-lite would hang). */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+
+#include "net.h"
+#include "ps_proto.h"
+#include "status.h"
+
+typedef struct sched_node {
+    int fd;
+    dshim_ps_hello_t hello;
+    int rank;
+    int bye;
+    int barrier_group; /* group of the barrier it waits in, 0 = none */
+} sched_node_t;
+
+static dshim_status_t sched_listen(const dshim_ps_env_t *env, int *fd_p)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return dshim_error(DSHIM_ERR_SYSTEM, "scheduler: socket: %s", strerror(errno));
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)env->root_port);
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(fd, 256) != 0) {
+        int e = errno;
+        close(fd);
+        return dshim_error(DSHIM_ERR_SYSTEM, "scheduler: cannot listen on port %d (DMLC_PS_ROOT_PORT): %s",
+                           env->root_port, strerror(e));
+    }
+    *fd_p = fd;
+    return DSHIM_OK;
+}
+
+static void describe(const sched_node_t *n, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s %d (pid %d on host %s)", dshim_ps_role_name((dshim_ps_role_t)n->hello.role), n->rank,
+             n->hello.pid, n->hello.host);
+}
+
+static int group_of(const sched_node_t *n)
+{
+    return n->hello.role == DSHIM_PS_SERVER ? DSHIM_PS_GROUP_SERVERS : DSHIM_PS_GROUP_WORKERS;
+}
+
+/* Tell every live node that `dead` died, with the reason. */
+static void announce_death(const dshim_ps_env_t *env, sched_node_t *nodes, int total, sched_node_t *dead,
+                           const char *why)
+{
+    char who[160], text[448];
+    describe(dead, who, sizeof(who));
+    snprintf(text, sizeof(text), "%s died: %s; the job cannot go on", who, why);
+    fprintf(stderr, "[dshim-ps scheduler] %s\n", text);
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_DEAD, group_of(dead), strlen(text));
+    for (int i = 0; i < total; i++) {
+        if (&nodes[i] != dead && nodes[i].fd >= 0 && !nodes[i].bye) {
+            dshim_ps_send(nodes[i].fd, &h, text, dshim_now() + 2);
+        }
+    }
+    (void)env;
+}
+
+static dshim_status_t registration(const dshim_ps_env_t *env, int lfd, sched_node_t *nodes, int total)
+{
+    double deadline = dshim_now() + env->connect_timeout_s;
+    int got = 0, nserv = 0, nwork = 0;
+    while (got < total) {
+        struct pollfd p = {.fd = lfd, .events = POLLIN};
+        double left = deadline - dshim_now();
+        if (left <= 0 || poll(&p, 1, (int)(left * 1000) + 1) == 0) {
+            return dshim_error(DSHIM_ERR_TIMEOUT, "scheduler: only %d of %d workers and %d of %d servers registered "
+                               "within %.0f s (DSHIM_CONNECT_TIMEOUT): start the missing processes with the same "
+                               "DMLC_PS_ROOT_URI/PORT", nwork, env->num_workers, nserv, env->num_servers,
+                               env->connect_timeout_s);
+        }
+        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        dshim_ps_hdr_t h;
+        dshim_ps_hello_t hello;
+        if (dshim_ps_recv_hdr(fd, &h, dshim_now() + 10) != DSHIM_OK || h.type != DSHIM_PS_MSG_HELLO ||
+            h.len != sizeof(hello) || dshim_ps_recv_body(fd, &hello, sizeof(hello), dshim_now() + 10) != DSHIM_OK) {
+            dshim_ps_log(env, -1, 1, "dropped a connection that did not speak the parameter-server protocol");
+            close(fd);
+            continue;
+        }
+        hello.host[sizeof(hello.host) - 1] = '\0';
+        hello.token[sizeof(hello.token) - 1] = '\0';
+        if (strcmp(hello.token, env->token) != 0) {
+            fprintf(stderr, "[dshim-ps scheduler] refused %s (pid %d on host %s): its DSHIM_JOB_TOKEN differs from "
+                    "the scheduler's (a process of another job?)\n", dshim_ps_role_name((dshim_ps_role_t)hello.role),
+                    hello.pid, hello.host);
+            close(fd);
+            continue;
+        }
+        if ((hello.role == DSHIM_PS_SERVER && nserv == env->num_servers) ||
+            (hello.role == DSHIM_PS_WORKER && nwork == env->num_workers) ||
+            (hello.role != DSHIM_PS_SERVER && hello.role != DSHIM_PS_WORKER)) {
+            fprintf(stderr, "[dshim-ps scheduler] refused an extra %s (pid %d on host %s): the job has %d workers "
+                    "and %d servers\n", dshim_ps_role_name((dshim_ps_role_t)hello.role), hello.pid, hello.host,
+                    env->num_workers, env->num_servers);
+            close(fd);
+            continue;
+        }
+        sched_node_t *n = &nodes[got++];
+        n->fd = fd;
+        n->hello = hello;
+        n->rank = hello.role == DSHIM_PS_SERVER ? nserv++ : nwork++;
+        dshim_ps_log(env, -1, 1, "registered %s %d: pid %d on host %s", dshim_ps_role_name((dshim_ps_role_t)hello.role),
+                     n->rank, hello.pid, hello.host);
+    }
+    /* ranks within a role follow the launcher's DMLC_TASK_ID when every node has one
+     * (dshim-run's [worker i] is then kv.rank i), else the order of arrival */
+    for (int role = DSHIM_PS_WORKER; role <= DSHIM_PS_SERVER; role++) {
+        int all_hinted = 1;
+        for (int i = 0; i < total; i++) {
+            all_hinted &= nodes[i].hello.role != role || nodes[i].hello.hint >= 0;
+        }
+        for (int i = 0; all_hinted && i < total; i++) {
+            if (nodes[i].hello.role != role) {
+                continue;
+            }
+            int r = 0;
+            for (int j = 0; j < total; j++) {
+                r += nodes[j].hello.role == role && (nodes[j].hello.hint < nodes[i].hello.hint ||
+                                                     (nodes[j].hello.hint == nodes[i].hello.hint && j < i));
+            }
+            nodes[i].rank = r;
+        }
+    }
+    /* assignment: rank + every server's address */
+    size_t len = sizeof(dshim_ps_assign_t) + sizeof(dshim_ps_hello_t) * (size_t)env->num_servers;
+    char *buf = calloc(1, len);
+    if (buf == NULL) {
+        return dshim_error(DSHIM_ERR_NOMEM, "scheduler: out of memory");
+    }
+    dshim_ps_assign_t *as = (dshim_ps_assign_t *)buf;
+    dshim_ps_hello_t *servers = (dshim_ps_hello_t *)(buf + sizeof(*as));
+    as->num_workers = env->num_workers;
+    as->num_servers = env->num_servers;
+    for (int i = 0; i < total; i++) {
+        if (nodes[i].hello.role == DSHIM_PS_SERVER) {
+            servers[nodes[i].rank] = nodes[i].hello;
+        }
+    }
+    for (int i = 0; i < total; i++) {
+        as->rank = nodes[i].rank;
+        dshim_ps_hdr_t h;
+        dshim_ps_hdr_init(&h, DSHIM_PS_MSG_ASSIGN, 0, len);
+        dshim_ps_send(nodes[i].fd, &h, buf, dshim_now() + 10);
+    }
+    free(buf);
+    dshim_ps_log(env, -1, 1, "all %d workers and %d servers registered", env->num_workers, env->num_servers);
+    return DSHIM_OK;
+}
+
+static int group_size(const dshim_ps_env_t *env, int group)
+{
+    return ((group & DSHIM_PS_GROUP_SERVERS) ? env->num_servers : 0) +
+           ((group & DSHIM_PS_GROUP_WORKERS) ? env->num_workers : 0);
+}
+
+static void barrier_arrive(const dshim_ps_env_t *env, sched_node_t *nodes, int total, sched_node_t *n, int group)
+{
+    n->barrier_group = group;
+    int count = 0;
+    for (int i = 0; i < total; i++) {
+        count += nodes[i].barrier_group == group;
+    }
+    dshim_ps_log(env, -1, 2, "barrier group %d: %d of %d", group, count, group_size(env, group));
+    if (count < group_size(env, group)) {
+        return;
+    }
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_BARRIER_DONE, group, 0);
+    for (int i = 0; i < total; i++) {
+        if (nodes[i].barrier_group == group) {
+            nodes[i].barrier_group = 0;
+            dshim_ps_send(nodes[i].fd, &h, NULL, dshim_now() + 10);
+        }
+    }
+    dshim_ps_log(env, -1, 1, "barrier group %d done", group);
+}
+
+/* Every worker said goodbye: servers still serving were never sent kStopServer
+ * (SetBarrierBeforeExit(0)); tell them to end instead of waiting forever. */
+static void stop_servers_if_workers_left(const dshim_ps_env_t *env, sched_node_t *nodes, int total)
+{
+    for (int i = 0; i < total; i++) {
+        if (nodes[i].hello.role == DSHIM_PS_WORKER && !nodes[i].bye) {
+            return;
+        }
+    }
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_STOP, 0, 0);
+    for (int i = 0; i < total; i++) {
+        if (nodes[i].hello.role == DSHIM_PS_SERVER && !nodes[i].bye) {
+            dshim_ps_send(nodes[i].fd, &h, NULL, dshim_now() + 10);
+        }
+    }
+    dshim_ps_log(env, -1, 1, "every worker left: servers told to stop");
+}
+
+dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
+{
+    int lfd = -1;
+    DSHIM_CHECK(sched_listen(env, &lfd));
+    dshim_ps_log(env, -1, 1, "listening on port %d for %d workers and %d servers", env->root_port, env->num_workers,
+                 env->num_servers);
+    int total = env->num_workers + env->num_servers;
+    sched_node_t *nodes = calloc((size_t)total, sizeof(*nodes));
+    struct pollfd *pfds = calloc((size_t)total + 1, sizeof(*pfds));
+    if (nodes == NULL || pfds == NULL) {
+        free(nodes);
+        free(pfds);
+        close(lfd);
+        return dshim_error(DSHIM_ERR_NOMEM, "scheduler: out of memory");
+    }
+    for (int i = 0; i < total; i++) {
+        nodes[i].fd = -1;
+    }
+    dshim_status_t st = registration(env, lfd, nodes, total);
+    int byes = 0;
+    while (st == DSHIM_OK && byes < total) {
+        for (int i = 0; i < total; i++) {
+            pfds[i].fd = nodes[i].bye ? -1 : nodes[i].fd;
+            pfds[i].events = POLLIN;
+            pfds[i].revents = 0;
+        }
+        pfds[total].fd = lfd; /* latecomers are refused at once */
+        pfds[total].events = POLLIN;
+        pfds[total].revents = 0;
+        if (poll(pfds, (nfds_t)total + 1, 1000) < 0 && errno != EINTR) {
+            st = dshim_error(DSHIM_ERR_SYSTEM, "scheduler: poll: %s", strerror(errno));
+            break;
+        }
+        if (pfds[total].revents & POLLIN) {
+            int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+            if (fd >= 0) {
+                fprintf(stderr, "[dshim-ps scheduler] refused a connection after all nodes registered (a restarted "
+                        "node cannot rejoin a running job)\n");
+                close(fd);
+            }
+        }
+        for (int i = 0; i < total && st == DSHIM_OK; i++) {
+            if (pfds[i].fd < 0 || !(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+                continue;
+            }
+            sched_node_t *n = &nodes[i];
+            dshim_ps_hdr_t h;
+            dshim_status_t r = dshim_ps_recv_hdr(n->fd, &h, dshim_now() + 10);
+            if (r != DSHIM_OK) {
+                announce_death(env, nodes, total, n, "its connection to the scheduler closed without a goodbye "
+                               "(the process crashed, was killed or exited before the kvstore was freed)");
+                char who[160];
+                describe(n, who, sizeof(who));
+                st = dshim_error(DSHIM_ERR_PEER, "dshim ps scheduler: %s died", who);
+                break;
+            }
+            dshim_ps_log(env, -1, 2, "%s from %s %d", dshim_ps_msg_name(h.type),
+                         dshim_ps_role_name((dshim_ps_role_t)n->hello.role), n->rank);
+            if (h.type == DSHIM_PS_MSG_BARRIER) {
+                barrier_arrive(env, nodes, total, n, h.key);
+            } else if (h.type == DSHIM_PS_MSG_BYE) {
+                n->bye = 1;
+                byes++;
+                stop_servers_if_workers_left(env, nodes, total);
+            } else {
+                dshim_ps_skip_body(n->fd, h.len, dshim_now() + 10);
+            }
+        }
+    }
+    for (int i = 0; i < total; i++) {
+        if (nodes[i].fd >= 0) {
+            close(nodes[i].fd);
+        }
+    }
+    close(lfd);
+    free(nodes);
+    free(pfds);
+    if (st == DSHIM_OK) {
+        dshim_ps_log(env, -1, 1, "every node finished");
+    }
+    return st;
+}

@@ -1,0 +1,455 @@
+/* Parameter server: a server's event loop with MXNet's KVStoreDistServer
+ * semantics — first push of a key initialises it; in sync mode pushes are
+ * summed until every worker pushed, then the updater runs (or the sum is
+ * stored) and only then are the pushes answered; async mode applies each push
+ * at once.  Runs on the calling (Python main) thread, as MXNet runs its
+ * updater and controller there. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+#include <netinet/tcp.h>
+
+#include "net.h"
+#include "ps_proto.h"
+#include "ps_twobit.h"
+#include "status.h"
+
+typedef struct waiter {
+    int worker;
+    uint32_t seq;
+    int want_pull;
+} waiter_t;
+
+typedef struct key_state {
+    int key;
+    int dtype;
+    size_t n;
+    void *stored;
+    void *stored_cookie;
+    void *merged;
+    void *merged_cookie;
+    void *decomp; /* 2-bit: one push dequantized */
+    waiter_t *waiters;
+    int nwaiters;
+} key_state_t;
+
+typedef struct server {
+    dshim_ps_node_t *node;
+    const dshim_ps_server_ops_t *ops;
+    int *worker_fds; /* by worker rank */
+    int nconnected;
+    int departed; /* workers that said goodbye */
+    int all_left; /* every worker left without kStopServer */
+    int sync_mode;
+    int stop;
+    float threshold;
+    int compression;
+    key_state_t *keys;
+    size_t nkeys, cap;
+    char *buf; /* receive buffer */
+    size_t buf_cap;
+} server_t;
+
+static void *plain_alloc(void *ctx, size_t n, int dtype, void **cookie)
+{
+    (void)ctx;
+    void *p = calloc(n ? n : 1, dshim_ps_dtype_size(dtype));
+    *cookie = p;
+    return p;
+}
+
+static void plain_release(void *ctx, void *cookie)
+{
+    (void)ctx;
+    free(cookie);
+}
+
+static void plain_wait(void *ctx, void *cookie, int write)
+{
+    (void)ctx;
+    (void)cookie;
+    (void)write;
+}
+
+static int plain_has_updater(void *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
+static key_state_t *find_key(server_t *s, int key, int create)
+{
+    for (size_t i = 0; i < s->nkeys; i++) {
+        if (s->keys[i].key == key) {
+            return &s->keys[i];
+        }
+    }
+    if (!create) {
+        return NULL;
+    }
+    if (s->nkeys == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 64;
+        key_state_t *k = realloc(s->keys, cap * sizeof(*k));
+        if (k == NULL) {
+            return NULL;
+        }
+        s->keys = k;
+        s->cap = cap;
+    }
+    key_state_t *k = &s->keys[s->nkeys++];
+    memset(k, 0, sizeof(*k));
+    k->key = key;
+    k->waiters = calloc((size_t)s->node->env.num_workers * 2 + 2, sizeof(waiter_t));
+    return k;
+}
+
+static dshim_status_t reply(server_t *s, int worker, uint32_t seq, int type, const void *payload, size_t len)
+{
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, type, 0, len);
+    h.seq = seq;
+    dshim_ps_log(&s->node->env, s->node->rank, 2, "%s seq %u (%zu bytes) -> worker %d", dshim_ps_msg_name(type),
+                 seq, len, worker);
+    s->node->bytes_out += len;
+    dshim_status_t st = dshim_ps_send(s->worker_fds[worker], &h, payload, dshim_now() + s->node->env.timeout_s);
+    if (st != DSHIM_OK) {
+        const char *f = dshim_ps_wait_failure(s->node, 2.0);
+        if (f != NULL) {
+            return dshim_error(DSHIM_ERR_PEER, "%s", f);
+        }
+        return dshim_error(DSHIM_ERR_PEER, "server %d: cannot answer worker %d: its connection closed (it died)",
+                           s->node->rank, worker);
+    }
+    return DSHIM_OK;
+}
+
+static dshim_status_t reply_error(server_t *s, int worker, uint32_t seq, const char *text)
+{
+    fprintf(stderr, "[dshim-ps server %d] %s\n", s->node->rank, text);
+    return reply(s, worker, seq, DSHIM_PS_MSG_ERROR, text, strlen(text));
+}
+
+static dshim_status_t answer_stored(server_t *s, key_state_t *k, int worker, uint32_t seq)
+{
+    s->ops->wait(s->ops->ctx, k->stored_cookie, 0);
+    return reply(s, worker, seq, DSHIM_PS_MSG_REPLY, k->stored, k->n * dshim_ps_dtype_size(k->dtype));
+}
+
+/* Every worker pushed (sync) or one did (async): update, then answer. */
+static dshim_status_t apply_updates(server_t *s, key_state_t *k)
+{
+    if (s->ops->has_updater(s->ops->ctx)) {
+        if (s->ops->update(s->ops->ctx, k->key, k->merged_cookie, k->stored_cookie) != 0) {
+            return dshim_error(DSHIM_ERR_INTERNAL, "server %d: the updater failed for key %d", s->node->rank, k->key);
+        }
+    } else {
+        s->ops->wait(s->ops->ctx, k->stored_cookie, 1);
+        memcpy(k->stored, k->merged, k->n * dshim_ps_dtype_size(k->dtype));
+    }
+    for (int i = 0; i < k->nwaiters; i++) {
+        waiter_t *w = &k->waiters[i];
+        DSHIM_CHECK(w->want_pull ? answer_stored(s, k, w->worker, w->seq)
+                                 : reply(s, w->worker, w->seq, DSHIM_PS_MSG_REPLY, NULL, 0));
+    }
+    k->nwaiters = 0;
+    s->ops->wait(s->ops->ctx, k->stored_cookie, 0);
+    return DSHIM_OK;
+}
+
+/* Writes the pushed values (dequantized when compressed) into dst. */
+static void take_values(server_t *s, key_state_t *k, const dshim_ps_hdr_t *h, void *dst)
+{
+    if (h->flags & DSHIM_PS_F_COMPRESSED) {
+        dshim_twobit_dequantize((const uint32_t *)s->buf, k->n, s->threshold, dst);
+    } else {
+        memcpy(dst, s->buf, h->len);
+    }
+}
+
+static dshim_status_t handle_push(server_t *s, int worker, const dshim_ps_hdr_t *h)
+{
+    int compressed = (h->flags & DSHIM_PS_F_COMPRESSED) != 0;
+    size_t esize = dshim_ps_dtype_size(h->dtype);
+    char msg[256];
+    if (esize == 0) {
+        snprintf(msg, sizeof(msg), "key %d: unsupported MXNet dtype %d", h->key, h->dtype);
+        return reply_error(s, worker, h->seq, msg);
+    }
+    if (compressed && (h->dtype != 0 || h->len != dshim_twobit_words(h->nelem) * 4)) {
+        snprintf(msg, sizeof(msg), "key %d: a 2-bit push must carry float32 values (MXNet: gradient compression is "
+                 "only supported for float32)", h->key);
+        return reply_error(s, worker, h->seq, msg);
+    }
+    size_t n = compressed ? h->nelem : h->len / esize;
+    key_state_t *k = find_key(s, h->key, 1);
+    if (k == NULL) {
+        return dshim_error(DSHIM_ERR_NOMEM, "server: out of memory");
+    }
+    if (k->stored == NULL) {
+        /* the first push of a key is its initial value (rank 0's init) */
+        k->n = n;
+        k->dtype = h->dtype;
+        k->stored = s->ops->alloc(s->ops->ctx, n, h->dtype, &k->stored_cookie);
+        k->merged = s->ops->alloc(s->ops->ctx, n, h->dtype, &k->merged_cookie);
+        if (k->stored == NULL || k->merged == NULL) {
+            return dshim_error(DSHIM_ERR_NOMEM, "server %d: cannot allocate key %d (%zu elements)", s->node->rank,
+                               h->key, n);
+        }
+        take_values(s, k, h, k->stored);
+        dshim_ps_log(&s->node->env, s->node->rank, 2, "key %d initialised by worker %d (%zu elements)", h->key,
+                     worker, n);
+        return (h->flags & DSHIM_PS_F_PULL) ? answer_stored(s, k, worker, h->seq)
+                                            : reply(s, worker, h->seq, DSHIM_PS_MSG_REPLY, NULL, 0);
+    }
+    if (n != k->n || h->dtype != k->dtype) {
+        snprintf(msg, sizeof(msg), "key %d: worker %d pushed %zu elements of dtype %d but the key holds %zu of dtype "
+                 "%d (the value size cannot change)", h->key, worker, n, h->dtype, k->n, k->dtype);
+        return reply_error(s, worker, h->seq, msg);
+    }
+    if (!s->sync_mode && !s->ops->has_updater(s->ops->ctx)) {
+        snprintf(msg, sizeof(msg), "key %d: an async kvstore needs an optimizer on the servers (MXNet: \"Updater needs "
+                 "to be set for async mode\"): call kv.set_optimizer first", h->key);
+        return reply_error(s, worker, h->seq, msg);
+    }
+    s->ops->wait(s->ops->ctx, k->merged_cookie, 1);
+    if (k->nwaiters == 0 || !s->sync_mode) {
+        take_values(s, k, h, k->merged);
+    } else {
+        if (compressed) {
+            if (k->decomp == NULL) {
+                k->decomp = malloc(n * sizeof(float));
+                if (k->decomp == NULL) {
+                    return dshim_error(DSHIM_ERR_NOMEM, "server: out of memory");
+                }
+            }
+            take_values(s, k, h, k->decomp);
+            DSHIM_CHECK(dshim_ps_add(k->merged, k->decomp, n, k->dtype));
+        } else {
+            DSHIM_CHECK(dshim_ps_add(k->merged, s->buf, n, k->dtype));
+        }
+    }
+    waiter_t *w = &k->waiters[k->nwaiters++];
+    w->worker = worker;
+    w->seq = h->seq;
+    w->want_pull = (h->flags & DSHIM_PS_F_PULL) != 0;
+    if (!s->sync_mode || k->nwaiters == s->node->env.num_workers) {
+        return apply_updates(s, k);
+    }
+    return DSHIM_OK;
+}
+
+static dshim_status_t handle_command(server_t *s, int worker, const dshim_ps_hdr_t *h)
+{
+    const char *body = s->buf;
+    switch (h->key) {
+    case DSHIM_PS_CMD_STOP_SERVER:
+        s->stop = 1;
+        break;
+    case DSHIM_PS_CMD_SYNC_MODE:
+        s->sync_mode = 1;
+        break;
+    case DSHIM_PS_CMD_GRADIENT_COMPRESSION: {
+        int enabled = 0;
+        if (dshim_twobit_decode_params(body, &s->threshold, &enabled) != 0) {
+            return reply_error(s, worker, h->seq, "bad gradient compression parameters");
+        }
+        s->compression = enabled;
+        break;
+    }
+    case DSHIM_PS_CMD_MULTI_PRECISION:
+    case DSHIM_PS_CMD_PROFILER:
+        break; /* accepted; see docs/mxnet.md (not carried out) */
+    default:
+        if (s->ops->controller != NULL && s->ops->controller(s->ops->ctx, h->key, body) != 0) {
+            return reply_error(s, worker, h->seq, "the server's controller failed (see its output)");
+        }
+        break;
+    }
+    dshim_ps_log(&s->node->env, s->node->rank, 1, "command %d from worker %d", h->key, worker);
+    return reply(s, worker, h->seq, DSHIM_PS_MSG_REPLY, NULL, 0);
+}
+
+static dshim_status_t handle_message(server_t *s, int worker)
+{
+    int fd = s->worker_fds[worker];
+    double deadline = dshim_now() + s->node->env.timeout_s;
+    dshim_ps_hdr_t h;
+    dshim_status_t st = dshim_ps_recv_hdr(fd, &h, deadline);
+    if (st == DSHIM_OK && h.len + 1 > s->buf_cap) {
+        char *b = realloc(s->buf, h.len + 1);
+        if (b == NULL) {
+            return dshim_error(DSHIM_ERR_NOMEM, "server: cannot hold a %llu-byte message",
+                               (unsigned long long)h.len);
+        }
+        s->buf = b;
+        s->buf_cap = h.len + 1;
+    }
+    if (st == DSHIM_OK) {
+        st = dshim_ps_recv_body(fd, s->buf, h.len, deadline);
+    }
+    if (st != DSHIM_OK) {
+        /* the scheduler's notice names the dead process best: give it a moment */
+        const char *f = dshim_ps_wait_failure(s->node, 2.0);
+        if (f != NULL) {
+            return dshim_error(DSHIM_ERR_PEER, "%s", f);
+        }
+        return dshim_error(DSHIM_ERR_PEER, "server %d: worker %d closed its connection: it died", s->node->rank, worker);
+    }
+    s->buf[h.len] = '\0';
+    s->node->bytes_in += h.len;
+    dshim_ps_log(&s->node->env, s->node->rank, 2, "%s key %d (%llu bytes, seq %u) <- worker %d",
+                 dshim_ps_msg_name(h.type), h.key, (unsigned long long)h.len, h.seq, worker);
+    switch (h.type) {
+    case DSHIM_PS_MSG_PUSH:
+        s->node->n_push++;
+        return handle_push(s, worker, &h);
+    case DSHIM_PS_MSG_PULL: {
+        s->node->n_pull++;
+        key_state_t *k = find_key(s, h.key, 0);
+        if (k == NULL || k->stored == NULL) {
+            char msg[160];
+            snprintf(msg, sizeof(msg), "key %d was pulled before it was initialised: call kv.init first", h.key);
+            return reply_error(s, worker, h.seq, msg);
+        }
+        return answer_stored(s, k, worker, h.seq);
+    }
+    case DSHIM_PS_MSG_CMD:
+        s->node->n_cmd++;
+        return handle_command(s, worker, &h);
+    case DSHIM_PS_MSG_BYE:
+        /* the worker leaves on purpose: the end of its connection is no death */
+        close(s->worker_fds[worker]);
+        s->worker_fds[worker] = -1;
+        s->departed++;
+        dshim_ps_log(&s->node->env, s->node->rank, 1, "worker %d left", worker);
+        if (s->departed == s->node->env.num_workers) {
+            s->stop = 1; /* every worker left without kStopServer (SetBarrierBeforeExit(0)) */
+            s->all_left = 1;
+        }
+        return DSHIM_OK;
+    default:
+        return dshim_error(DSHIM_ERR_PROTOCOL, "server %d: unexpected %s from worker %d", s->node->rank,
+                           dshim_ps_msg_name(h.type), worker);
+    }
+}
+
+static void accept_worker(server_t *s)
+{
+    int fd = accept4(s->node->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) {
+        return;
+    }
+    dshim_ps_hdr_t h;
+    char token[sizeof(s->node->env.token)];
+    if (dshim_ps_recv_hdr(fd, &h, dshim_now() + 10) != DSHIM_OK || h.type != DSHIM_PS_MSG_WHELLO || h.key < 0 ||
+        h.key >= s->node->env.num_workers || s->worker_fds[h.key] >= 0 || h.len != sizeof(token) ||
+        dshim_ps_recv_body(fd, token, sizeof(token), dshim_now() + 10) != DSHIM_OK ||
+        memcmp(token, s->node->env.token, sizeof(token)) != 0) {
+        fprintf(stderr, "[dshim-ps server %d] refused a data connection that is not a worker of this job\n",
+                s->node->rank);
+        close(fd);
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    dshim_net_tune(fd, 4u << 20);
+    s->worker_fds[h.key] = fd;
+    s->nconnected++;
+    dshim_ps_log(&s->node->env, s->node->rank, 1, "worker %d connected", h.key);
+}
+
+dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_ops_t *ops_in)
+{
+    static const dshim_ps_server_ops_t plain = {0};
+    dshim_ps_server_ops_t ops = ops_in ? *ops_in : plain;
+    if (ops.alloc == NULL) {
+        ops.alloc = plain_alloc;
+        ops.release = plain_release;
+    }
+    if (ops.wait == NULL) {
+        ops.wait = plain_wait;
+    }
+    if (ops.has_updater == NULL) {
+        ops.has_updater = plain_has_updater;
+    }
+    server_t s;
+    memset(&s, 0, sizeof(s));
+    s.node = node;
+    s.ops = &ops;
+    s.threshold = DSHIM_TWOBIT_DEFAULT_THRESHOLD;
+    int nw = node->env.num_workers;
+    s.worker_fds = malloc(sizeof(int) * (size_t)nw);
+    struct pollfd *pfds = calloc((size_t)nw + 2, sizeof(*pfds));
+    if (s.worker_fds == NULL || pfds == NULL) {
+        free(s.worker_fds);
+        free(pfds);
+        return dshim_error(DSHIM_ERR_NOMEM, "server: out of memory");
+    }
+    for (int i = 0; i < nw; i++) {
+        s.worker_fds[i] = -1;
+    }
+    dshim_status_t st = DSHIM_OK;
+    while (!s.stop && st == DSHIM_OK) {
+        for (int i = 0; i < nw; i++) {
+            pfds[i].fd = s.worker_fds[i];
+            pfds[i].events = POLLIN;
+            pfds[i].revents = 0;
+        }
+        pfds[nw].fd = s.nconnected < nw ? node->listen_fd : -1;
+        pfds[nw].events = POLLIN;
+        pfds[nw].revents = 0;
+        pfds[nw + 1].fd = node->wake_pipe[0];
+        pfds[nw + 1].events = POLLIN;
+        pfds[nw + 1].revents = 0;
+        int r = poll(pfds, (nfds_t)nw + 2, 1000);
+        if (r < 0 && errno != EINTR) {
+            st = dshim_error(DSHIM_ERR_SYSTEM, "server: poll: %s", strerror(errno));
+            break;
+        }
+        if (dshim_ps_failure(node) != NULL) {
+            st = dshim_error(DSHIM_ERR_PEER, "%s", dshim_ps_failure(node));
+            break;
+        }
+        if (dshim_ps_stop_requested(node)) {
+            break; /* every worker is gone without kStopServer */
+        }
+        if (pfds[nw].revents & POLLIN) {
+            accept_worker(&s);
+        }
+        for (int i = 0; i < nw && st == DSHIM_OK && !s.stop; i++) {
+            if (pfds[i].fd >= 0 && (pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+                st = handle_message(&s, i);
+            }
+        }
+    }
+    for (size_t i = 0; i < s.nkeys; i++) {
+        key_state_t *k = &s.keys[i];
+        if (k->stored_cookie) {
+            ops.release(ops.ctx, k->stored_cookie);
+        }
+        if (k->merged_cookie) {
+            ops.release(ops.ctx, k->merged_cookie);
+        }
+        free(k->decomp);
+        free(k->waiters);
+    }
+    free(s.keys);
+    free(s.buf);
+    for (int i = 0; i < nw; i++) {
+        if (s.worker_fds[i] >= 0) {
+            close(s.worker_fds[i]);
+        }
+    }
+    free(s.worker_fds);
+    free(pfds);
+    if (st == DSHIM_OK && s.all_left) {
+        pthread_mutex_lock(&node->mu);
+        node->stop_requested = 1; /* no final barrier: the workers did not do one */
+        pthread_mutex_unlock(&node->mu);
+    }
+    return st;
+}

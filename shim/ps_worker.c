@@ -1,0 +1,479 @@
+/* Parameter server: a worker's data connections to the servers — pushes,
+ * pulls and commands from any thread (MXNet's engine threads included),
+ * answered out of order and matched by sequence number by one receiver
+ * thread, which fills the caller's buffer and runs its callback. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+
+#include "net.h"
+#include "ps_proto.h"
+#include "status.h"
+
+static void *receiver_main(void *arg);
+
+dshim_status_t dshim_ps_worker_connect(dshim_ps_node_t *node)
+{
+    int ns = node->env.num_servers;
+    node->server_fds = malloc(sizeof(int) * (size_t)ns);
+    if (node->server_fds == NULL) {
+        return dshim_error(DSHIM_ERR_NOMEM, "worker: out of memory");
+    }
+    for (int i = 0; i < ns; i++) {
+        node->server_fds[i] = -1;
+    }
+    pthread_mutex_init(&node->pend_mu, NULL);
+    pthread_cond_init(&node->pend_cond, NULL);
+    node->recv_pipe[0] = node->recv_pipe[1] = -1;
+    double deadline = dshim_now() + node->env.connect_timeout_s;
+    for (int i = 0; i < ns; i++) {
+        struct in_addr a = {.s_addr = node->servers[i].ip};
+        char ip[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &a, ip, sizeof(ip));
+        dshim_status_t st = dshim_net_connect(a, node->servers[i].port, deadline, &node->server_fds[i]);
+        if (st != DSHIM_OK) {
+            return dshim_error(DSHIM_ERR_PEER, "worker %d: cannot connect to server %d at %s:%d (pid %d on host %s): "
+                               "check DMLC_NODE_HOST / DMLC_INTERFACE and firewalls", node->rank, i, ip,
+                               node->servers[i].port, node->servers[i].pid, node->servers[i].host);
+        }
+        dshim_net_tune(node->server_fds[i], 4u << 20);
+        dshim_ps_hdr_t h;
+        dshim_ps_hdr_init(&h, DSHIM_PS_MSG_WHELLO, node->rank, sizeof(node->env.token));
+        DSHIM_CHECK(dshim_ps_send(node->server_fds[i], &h, node->env.token, deadline));
+        dshim_ps_log(&node->env, node->rank, 1, "connected to server %d at %s:%d", i, ip, node->servers[i].port);
+    }
+    if (pipe2(node->recv_pipe, O_CLOEXEC | O_NONBLOCK) != 0 ||
+        pthread_create(&node->receiver, NULL, receiver_main, node) != 0) {
+        return dshim_error(DSHIM_ERR_SYSTEM, "worker: cannot start the receiver thread: %s", strerror(errno));
+    }
+    node->receiver_running = 1;
+    return DSHIM_OK;
+}
+
+/* The error for a server that stopped answering; prefers the scheduler's
+ * death notice, which names the process best. */
+static dshim_status_t server_lost(dshim_ps_node_t *node, int server, dshim_status_t st)
+{
+    const char *f = st == DSHIM_ERR_TIMEOUT ? dshim_ps_failure(node) : dshim_ps_wait_failure(node, 2.0);
+    if (f != NULL) {
+        return dshim_error_quiet(DSHIM_ERR_PEER, "%s", f);
+    }
+    if (st == DSHIM_ERR_TIMEOUT) {
+        return dshim_error(DSHIM_ERR_TIMEOUT, "worker %d: no answer from server %d (pid %d on host %s) within %.0f s "
+                           "(DSHIM_TIMEOUT): another worker may not have pushed the same key",
+                           node->rank, server, node->servers[server].pid, node->servers[server].host,
+                           node->env.timeout_s);
+    }
+    return dshim_error(DSHIM_ERR_PEER, "worker %d: server %d (pid %d on host %s) closed the connection: it died",
+                       node->rank, server, node->servers[server].pid, node->servers[server].host);
+}
+
+/* Registers a request before it is sent (its answer may come at once). */
+static dshim_status_t add_pending(dshim_ps_node_t *node, int server, void *out, size_t out_len,
+                                  dshim_ps_done_fn fn, void *arg, uint32_t *seq_p)
+{
+    dshim_ps_pending_t *p = malloc(sizeof(*p));
+    if (p == NULL) {
+        return dshim_error(DSHIM_ERR_NOMEM, "worker: out of memory");
+    }
+    pthread_mutex_lock(&node->pend_mu);
+    if (node->npending == node->cap_pending) {
+        size_t cap = node->cap_pending ? node->cap_pending * 2 : 64;
+        dshim_ps_pending_t **t = realloc(node->pending, cap * sizeof(*t));
+        if (t == NULL) {
+            pthread_mutex_unlock(&node->pend_mu);
+            free(p);
+            return dshim_error(DSHIM_ERR_NOMEM, "worker: out of memory");
+        }
+        node->pending = t;
+        node->cap_pending = cap;
+    }
+    p->seq = ++node->next_seq;
+    p->server = server;
+    p->out = out;
+    p->out_len = out_len;
+    p->on_done = fn;
+    p->arg = arg;
+    node->pending[node->npending++] = p;
+    *seq_p = p->seq;
+    pthread_mutex_unlock(&node->pend_mu);
+    return DSHIM_OK;
+}
+
+/* Removes and returns the request (server, seq); NULL if unknown. Caller holds pend_mu. */
+static dshim_ps_pending_t *take_pending(dshim_ps_node_t *node, int server, uint32_t seq)
+{
+    for (size_t i = 0; i < node->npending; i++) {
+        dshim_ps_pending_t *p = node->pending[i];
+        if (p->seq == seq && p->server == server) {
+            node->pending[i] = node->pending[--node->npending];
+            return p;
+        }
+    }
+    return NULL;
+}
+
+static dshim_ps_pending_t *find_pending(dshim_ps_node_t *node, int server, uint32_t seq)
+{
+    pthread_mutex_lock(&node->pend_mu);
+    dshim_ps_pending_t *found = NULL;
+    for (size_t i = 0; i < node->npending; i++) {
+        if (node->pending[i]->seq == seq && node->pending[i]->server == server) {
+            found = node->pending[i];
+        }
+    }
+    pthread_mutex_unlock(&node->pend_mu);
+    return found;
+}
+
+static void complete(dshim_ps_node_t *node, dshim_ps_pending_t *p, int ok)
+{
+    if (p->on_done != NULL) {
+        p->on_done(p->arg, ok);
+    }
+    free(p);
+    pthread_mutex_lock(&node->pend_mu);
+    pthread_cond_broadcast(&node->pend_cond);
+    pthread_mutex_unlock(&node->pend_mu);
+}
+
+/* The job failed: every outstanding request ends, callbacks told. */
+static void fail_all(dshim_ps_node_t *node, const char *why)
+{
+    pthread_mutex_lock(&node->pend_mu);
+    if (node->recv_error[0] == '\0') {
+        snprintf(node->recv_error, sizeof(node->recv_error), "%s", why);
+    }
+    dshim_ps_pending_t **list = node->pending;
+    size_t n = node->npending;
+    node->pending = NULL;
+    node->npending = node->cap_pending = 0;
+    pthread_mutex_unlock(&node->pend_mu);
+    for (size_t i = 0; i < n; i++) {
+        complete(node, list[i], 0);
+    }
+    free(list);
+    pthread_mutex_lock(&node->pend_mu);
+    pthread_cond_broadcast(&node->pend_cond);
+    pthread_mutex_unlock(&node->pend_mu);
+}
+
+/* Reads one answer from a server and completes its request (receiver thread). */
+static dshim_status_t read_answer(dshim_ps_node_t *node, int server)
+{
+    int fd = node->server_fds[server];
+    double deadline = dshim_now() + node->env.timeout_s;
+    dshim_ps_hdr_t h;
+    dshim_status_t st = dshim_ps_recv_hdr(fd, &h, deadline);
+    if (st != DSHIM_OK) {
+        return st;
+    }
+    if (h.type == DSHIM_PS_MSG_ERROR) {
+        char text[400] = "";
+        size_t k = h.len < sizeof(text) - 1 ? h.len : sizeof(text) - 1;
+        dshim_ps_recv_body(fd, text, k, deadline);
+        dshim_ps_skip_body(fd, h.len - k, deadline);
+        char msg[512];
+        snprintf(msg, sizeof(msg), "server %d (host %s): %s", server, node->servers[server].host, text);
+        dshim_ps_node_fail(node, msg);
+        return DSHIM_ERR_INVALID;
+    }
+    /* the body goes straight into the caller's buffer: look the request up
+     * without removing it, so that a waiter does not see it done too early */
+    dshim_ps_pending_t *p = find_pending(node, server, h.seq);
+    if (h.type != DSHIM_PS_MSG_REPLY || p == NULL) {
+        /* a request forgotten after an error (dshim_ps_worker_drop) */
+        dshim_ps_log(&node->env, node->rank, 2, "dropped %s seq %u from server %d", dshim_ps_msg_name(h.type),
+                     h.seq, server);
+        return dshim_ps_skip_body(fd, h.len, deadline);
+    }
+    if (p->out != NULL && h.len != p->out_len) {
+        dshim_ps_skip_body(fd, h.len, deadline);
+        char msg[512];
+        snprintf(msg, sizeof(msg), "worker %d: server %d answered %llu bytes for a key of %zu bytes: the workers "
+                 "disagree on this key's size", node->rank, server, (unsigned long long)h.len, p->out_len);
+        dshim_ps_node_fail(node, msg);
+        return DSHIM_ERR_INVALID;
+    }
+    st = p->out != NULL ? dshim_ps_recv_body(fd, p->out, h.len, deadline) : dshim_ps_skip_body(fd, h.len, deadline);
+    if (st != DSHIM_OK) {
+        return st;
+    }
+    node->bytes_in += h.len;
+    dshim_ps_log(&node->env, node->rank, 2, "REPLY seq %u (%llu bytes) <- server %d", h.seq,
+                 (unsigned long long)h.len, server);
+    pthread_mutex_lock(&node->pend_mu);
+    p = take_pending(node, server, h.seq);
+    pthread_mutex_unlock(&node->pend_mu);
+    if (p != NULL) {
+        complete(node, p, 1);
+    }
+    return DSHIM_OK;
+}
+
+static void *receiver_main(void *arg)
+{
+    dshim_ps_node_t *node = arg;
+    int ns = node->env.num_servers;
+    struct pollfd pfds[ns + 2];
+    for (;;) {
+        for (int i = 0; i < ns; i++) {
+            pfds[i].fd = node->server_fds[i];
+            pfds[i].events = POLLIN;
+            pfds[i].revents = 0;
+        }
+        pfds[ns].fd = node->recv_pipe[0];
+        pfds[ns + 1].fd = node->wake_pipe[0];
+        pfds[ns].events = pfds[ns + 1].events = POLLIN;
+        pfds[ns].revents = pfds[ns + 1].revents = 0;
+        if (poll(pfds, (nfds_t)ns + 2, 1000) < 0 && errno != EINTR) {
+            fail_all(node, "worker: poll failed");
+            return NULL;
+        }
+        if (pfds[ns].revents) {
+            return NULL; /* dshim_ps_worker_stop */
+        }
+        const char *f = dshim_ps_failure(node);
+        if (f != NULL) {
+            fail_all(node, f);
+            return NULL;
+        }
+        for (int i = 0; i < ns; i++) {
+            if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+                continue;
+            }
+            dshim_status_t st = read_answer(node, i);
+            if (st == DSHIM_OK) {
+                continue;
+            }
+            /* teardown: after rank 0's kStopServer a server answers and closes;
+             * fine unless this worker still waits for that server */
+            pthread_mutex_lock(&node->pend_mu);
+            int quiet = node->quiescing;
+            for (size_t k = 0; k < node->npending; k++) {
+                quiet &= node->pending[k]->server != i;
+            }
+            pthread_mutex_unlock(&node->pend_mu);
+            if (quiet && st == DSHIM_ERR_PEER) {
+                close(node->server_fds[i]);
+                node->server_fds[i] = -1; /* poll ignores it from now on */
+                continue;
+            }
+            if (st != DSHIM_ERR_INVALID) {
+                server_lost(node, i, st);
+                dshim_ps_node_fail(node, dshim_last_error());
+            }
+            fail_all(node, dshim_ps_failure(node) ? dshim_ps_failure(node) : dshim_last_error());
+            return NULL;
+        }
+    }
+}
+
+void dshim_ps_worker_quiesce(dshim_ps_node_t *node)
+{
+    if (node->server_fds == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&node->pend_mu);
+    node->quiescing = 1;
+    pthread_mutex_unlock(&node->pend_mu);
+}
+
+void dshim_ps_worker_goodbye(dshim_ps_node_t *node)
+{
+    if (node->server_fds == NULL) {
+        return;
+    }
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_BYE, node->rank, 0);
+    pthread_mutex_lock(&node->send_mu);
+    for (int i = 0; i < node->env.num_servers; i++) {
+        if (node->server_fds[i] >= 0) {
+            dshim_ps_send(node->server_fds[i], &h, NULL, dshim_now() + 2); /* a stopped server may be gone */
+        }
+    }
+    pthread_mutex_unlock(&node->send_mu);
+}
+
+void dshim_ps_worker_stop(dshim_ps_node_t *node)
+{
+    if (!node->receiver_running) {
+        return;
+    }
+    char c = 1;
+    ssize_t r = write(node->recv_pipe[1], &c, 1);
+    (void)r;
+    pthread_join(node->receiver, NULL);
+    node->receiver_running = 0;
+    close(node->recv_pipe[0]);
+    close(node->recv_pipe[1]);
+    dshim_ps_worker_drop(node);
+    pthread_mutex_destroy(&node->pend_mu);
+    pthread_cond_destroy(&node->pend_cond);
+}
+
+static dshim_status_t failed_status(dshim_ps_node_t *node)
+{
+    const char *f = dshim_ps_failure(node);
+    if (f == NULL && node->recv_error[0]) {
+        f = node->recv_error;
+    }
+    return f != NULL ? dshim_error_quiet(DSHIM_ERR_PEER, "%s", f) : DSHIM_OK;
+}
+
+static dshim_status_t send_to(dshim_ps_node_t *node, int server, dshim_ps_hdr_t *h, const void *payload)
+{
+    dshim_ps_log(&node->env, node->rank, 2, "%s key %d (%llu bytes, seq %u) -> server %d", dshim_ps_msg_name(h->type),
+                 h->key, (unsigned long long)h->len, h->seq, server);
+    DSHIM_CHECK(failed_status(node));
+    pthread_mutex_lock(&node->send_mu);
+    dshim_status_t st = dshim_ps_send(node->server_fds[server], h, payload, dshim_now() + node->env.timeout_s);
+    node->bytes_out += h->len;
+    pthread_mutex_unlock(&node->send_mu);
+    if (st != DSHIM_OK) {
+        return server_lost(node, server, st);
+    }
+    return DSHIM_OK;
+}
+
+static dshim_status_t push_common(dshim_ps_node_t *node, int server, int key, int dtype, const void *payload,
+                                  size_t len, size_t nelem, int compressed, int want_pull, void *out,
+                                  size_t out_len, dshim_ps_done_fn fn, void *arg)
+{
+    uint32_t seq = 0;
+    DSHIM_CHECK(add_pending(node, server, want_pull ? out : NULL, want_pull ? out_len : 0, fn, arg, &seq));
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_PUSH, key, len);
+    h.dtype = (uint16_t)dtype;
+    h.seq = seq;
+    h.nelem = nelem;
+    h.flags = (uint8_t)((want_pull ? DSHIM_PS_F_PULL : 0) | (compressed ? DSHIM_PS_F_COMPRESSED : 0));
+    __atomic_add_fetch(&node->n_push, 1, __ATOMIC_RELAXED);
+    dshim_status_t st = send_to(node, server, &h, payload);
+    if (st != DSHIM_OK) {
+        /* not sent: the caller handles it, the receiver must not complete it too */
+        pthread_mutex_lock(&node->pend_mu);
+        dshim_ps_pending_t *p = take_pending(node, server, seq);
+        pthread_mutex_unlock(&node->pend_mu);
+        free(p);
+    }
+    return st;
+}
+
+dshim_status_t dshim_ps_worker_push(dshim_ps_node_t *node, int server, int key, int dtype, const void *payload,
+                                    size_t len, size_t nelem, int compressed, int want_pull, void *out,
+                                    size_t out_len, uint32_t *seq_p)
+{
+    (void)seq_p;
+    return push_common(node, server, key, dtype, payload, len, nelem, compressed, want_pull, out, out_len, NULL,
+                       NULL);
+}
+
+dshim_status_t dshim_ps_worker_push_cb(dshim_ps_node_t *node, int server, int key, int dtype, const void *payload,
+                                       size_t len, int want_pull, void *out, size_t out_len, dshim_ps_done_fn fn,
+                                       void *arg)
+{
+    size_t es = dshim_ps_dtype_size(dtype);
+    return push_common(node, server, key, dtype, payload, len, es ? len / es : 0, 0, want_pull, out, out_len, fn,
+                       arg);
+}
+
+dshim_status_t dshim_ps_worker_pull(dshim_ps_node_t *node, int server, int key, int dtype, void *out,
+                                    size_t out_len, uint32_t *seq_p)
+{
+    uint32_t seq = 0;
+    DSHIM_CHECK(add_pending(node, server, out, out_len, NULL, NULL, &seq));
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_PULL, key, 0);
+    h.dtype = (uint16_t)dtype;
+    h.seq = seq;
+    h.nelem = out_len;
+    __atomic_add_fetch(&node->n_pull, 1, __ATOMIC_RELAXED);
+    if (seq_p) {
+        *seq_p = seq;
+    }
+    return send_to(node, server, &h, NULL);
+}
+
+dshim_status_t dshim_ps_worker_wait_all(dshim_ps_node_t *node)
+{
+    double deadline = dshim_now() + node->env.timeout_s;
+    int resends = 0;
+    double next_note = dshim_now() + node->env.resend_timeout_ms / 1000.0;
+    size_t last = (size_t)-1;
+    pthread_mutex_lock(&node->pend_mu);
+    while (node->npending > 0 && node->recv_error[0] == '\0' && dshim_ps_failure(node) == NULL) {
+        if (node->npending != last) {
+            last = node->npending;
+            deadline = dshim_now() + node->env.timeout_s; /* progress */
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&node->pend_cond, &node->pend_mu, &ts);
+        double now = dshim_now();
+        int srv = node->npending ? node->pending[0]->server : 0;
+        if (node->env.resend && node->npending > 0 && now > next_note) {
+            /* TCP loses nothing while the connection lives (a broken one is a
+             * death, reported by the receiver); PS_RESEND bounds the silence */
+            resends++;
+            dshim_ps_log(&node->env, node->rank, 1, "no answer from server %d (PS_RESEND try %d of 10)", srv,
+                         resends);
+            if (resends >= 10) {
+                pthread_mutex_unlock(&node->pend_mu);
+                return dshim_error(DSHIM_ERR_TIMEOUT, "worker %d: server %d (host %s) did not answer after 10 tries "
+                                   "of PS_RESEND_TIMEOUT=%d ms", node->rank, srv, node->servers[srv].host,
+                                   node->env.resend_timeout_ms);
+            }
+            next_note = now + node->env.resend_timeout_ms * (1 + resends) / 1000.0;
+        }
+        if (now > deadline && node->npending > 0) {
+            pthread_mutex_unlock(&node->pend_mu);
+            return server_lost(node, srv, DSHIM_ERR_TIMEOUT);
+        }
+    }
+    pthread_mutex_unlock(&node->pend_mu);
+    return failed_status(node);
+}
+
+void dshim_ps_worker_drop(dshim_ps_node_t *node)
+{
+    pthread_mutex_lock(&node->pend_mu);
+    dshim_ps_pending_t **list = node->pending;
+    size_t n = node->npending;
+    size_t keep = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (list[i]->on_done == NULL) {
+            free(list[i]);
+        } else {
+            list[keep++] = list[i]; /* asynchronous ones own their buffers */
+        }
+    }
+    node->npending = keep;
+    pthread_mutex_unlock(&node->pend_mu);
+}
+
+dshim_status_t dshim_ps_worker_command(dshim_ps_node_t *node, int cmd, const char *body)
+{
+    size_t len = body ? strlen(body) : 0;
+    for (int i = 0; i < node->env.num_servers; i++) {
+        uint32_t seq = 0;
+        DSHIM_CHECK(add_pending(node, i, NULL, 0, NULL, NULL, &seq));
+        dshim_ps_hdr_t h;
+        dshim_ps_hdr_init(&h, DSHIM_PS_MSG_CMD, cmd, len);
+        h.seq = seq;
+        DSHIM_CHECK(send_to(node, i, &h, body));
+    }
+    node->n_cmd++;
+    return dshim_ps_worker_wait_all(node);
+}

@@ -1,0 +1,234 @@
+/*
+ * dshim's parameter server (shim/ps_*.c) without MXNet, in forked processes:
+ * a scheduler, servers with the plain memory store, and workers.  Sync mode
+ * sums every worker's push before answering, the first push initialises a key,
+ * async mode without an updater is refused with a message, sharded keys, and a
+ * killed worker ends every other process with an error naming it.  (The real
+ * MXNet runs in tests/mxnet; this covers the protocol in the sanitizer builds.)
+ */
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+
+#include "dshim.h"
+#include "net.h"
+#include "ps.h"
+
+static int sleeper_pipe[2] = {-1, -1}; /* the parked worker writes its pid here */
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+static dshim_ps_env_t make_env(dshim_ps_role_t role, int port, int nw, int ns)
+{
+    dshim_ps_env_t e;
+    memset(&e, 0, sizeof(e));
+    e.role = role;
+    e.num_workers = nw;
+    e.num_servers = ns;
+    snprintf(e.root_uri, sizeof(e.root_uri), "127.0.0.1");
+    e.root_port = port;
+    e.resend_timeout_ms = 1000;
+    e.bigarray_bound = 8;
+    e.timeout_s = 30;
+    e.connect_timeout_s = 20;
+    e.task_id = -1;
+    return e;
+}
+
+static int run_scheduler(int port, int nw, int ns)
+{
+    dshim_ps_env_t e = make_env(DSHIM_PS_SCHEDULER, port, nw, ns);
+    return dshim_ps_scheduler_run(&e) == DSHIM_OK ? 0 : 3;
+}
+
+static int run_server(int port, int nw, int ns)
+{
+    dshim_ps_env_t e = make_env(DSHIM_PS_SERVER, port, nw, ns);
+    dshim_ps_node_t *node;
+    if (dshim_ps_node_start(&e, &node) != DSHIM_OK) {
+        return 4;
+    }
+    dshim_status_t st = dshim_ps_barrier(node, DSHIM_PS_GROUP_ALL);
+    if (st == DSHIM_OK) {
+        st = dshim_ps_server_run(node, NULL);
+    }
+    dshim_ps_node_finish(node, st != DSHIM_OK);
+    return st == DSHIM_OK ? 0 : 5;
+}
+
+/* every worker pushes (rank + 1) * i for key 3 (n floats), sync mode: the
+ * answer is the sum; then async without an updater must be an error */
+static int run_worker(int port, int nw, int ns, size_t n, int sleep_forever_rank)
+{
+    dshim_ps_env_t e = make_env(DSHIM_PS_WORKER, port, nw, ns);
+    dshim_ps_node_t *node;
+    if (dshim_ps_node_start(&e, &node) != DSHIM_OK || dshim_ps_worker_connect(node) != DSHIM_OK ||
+        dshim_ps_barrier(node, DSHIM_PS_GROUP_ALL) != DSHIM_OK) {
+        return 6;
+    }
+    int rank = dshim_ps_node_rank(node);
+    if (rank == 0 && dshim_ps_worker_command(node, DSHIM_PS_CMD_SYNC_MODE, "") != DSHIM_OK) {
+        return 7;
+    }
+    float *v = calloc(n, sizeof(float)), *out = calloc(n, sizeof(float));
+    dshim_ps_part_t parts[8];
+    int np = dshim_ps_layout(3, n, ns, e.bigarray_bound, 0, parts);
+    if (rank == 0) {
+        for (int p = 0; p < np; p++) { /* init: zeros */
+            dshim_ps_worker_push(node, parts[p].server, 3, 0, v + parts[p].offset, parts[p].count * 4,
+                                 parts[p].count, 0, 0, NULL, 0, NULL);
+        }
+        if (dshim_ps_worker_wait_all(node) != DSHIM_OK) {
+            return 8;
+        }
+    }
+    if (dshim_ps_barrier(node, DSHIM_PS_GROUP_WORKERS) != DSHIM_OK) {
+        return 9;
+    }
+    if (rank == sleep_forever_rank) {
+        pid_t me = getpid();
+        ssize_t w = write(sleeper_pipe[1], &me, sizeof(me));
+        (void)w;
+        for (;;) {
+            pause(); /* the test kills this one */
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        v[i] = (float)((rank + 1) * (int)i);
+    }
+    for (int p = 0; p < np; p++) {
+        dshim_ps_worker_push(node, parts[p].server, 3, 0, v + parts[p].offset, parts[p].count * 4, parts[p].count,
+                             0, 1, out + parts[p].offset, parts[p].count * 4, NULL);
+    }
+    dshim_status_t st = dshim_ps_worker_wait_all(node);
+    if (st != DSHIM_OK) {
+        fprintf(stderr, "worker %d: %s\n", rank, dshim_last_error());
+        dshim_ps_node_finish(node, 1);
+        free(v);
+        free(out);
+        return 10;
+    }
+    float factor = (float)(nw * (nw + 1) / 2);
+    for (size_t i = 0; i < n; i++) {
+        if (out[i] != factor * (float)i) {
+            fprintf(stderr, "worker %d: element %zu is %g, expected %g\n", rank, i, out[i], factor * (float)i);
+            return 11;
+        }
+    }
+    free(v);
+    free(out);
+    if (dshim_ps_barrier(node, DSHIM_PS_GROUP_WORKERS) != DSHIM_OK) {
+        return 12;
+    }
+    dshim_ps_worker_quiesce(node);
+    if (rank == 0 && dshim_ps_worker_command(node, DSHIM_PS_CMD_STOP_SERVER, "") != DSHIM_OK) {
+        return 13;
+    }
+    return dshim_ps_node_finish(node, 0) == DSHIM_OK ? 0 : 14;
+}
+
+typedef struct job {
+    pid_t pids[16];
+    int n;
+} job_t;
+
+static void start(job_t *job, int port, int nw, int ns, size_t n, int sleeper)
+{
+    job->n = 0;
+    for (int r = 0; r < 1 + ns + nw; r++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(60);
+            int rc = r == 0 ? run_scheduler(port, nw, ns)
+                   : r <= ns ? run_server(port, nw, ns)
+                             : run_worker(port, nw, ns, n, sleeper);
+            _exit(rc);
+        }
+        job->pids[job->n++] = pid;
+    }
+}
+
+static int wait_code(pid_t pid)
+{
+    int status;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void sync_sum_case(int nw, int ns, size_t n)
+{
+    job_t job;
+    start(&job, free_port(), nw, ns, n, -1);
+    for (int i = 0; i < job.n; i++) {
+        int rc = wait_code(job.pids[i]);
+        ck_assert_msg(rc == 0, "process %d exited with %d", i, rc);
+    }
+}
+
+START_TEST(sync_sum_one_server)
+{
+    sync_sum_case(2, 1, 5);
+}
+END_TEST
+
+START_TEST(sync_sum_sharded_three_workers)
+{
+    sync_sum_case(3, 2, 37); /* 37 >= bound 8: split over both servers */
+}
+END_TEST
+
+START_TEST(killed_worker_ends_everyone)
+{
+    job_t job;
+    ck_assert_int_eq(pipe(sleeper_pipe), 0);
+    start(&job, free_port(), 2, 1, 5, 1);
+    pid_t sleeper = 0;
+    ck_assert_int_eq(read(sleeper_pipe[0], &sleeper, sizeof(sleeper)), (int)sizeof(sleeper));
+    usleep(300 * 1000); /* rank 0 is waiting for the sleeper's push */
+    int victim = -1;
+    for (int i = 0; i < job.n; i++) {
+        victim = job.pids[i] == sleeper ? i : victim;
+    }
+    ck_assert_int_ge(victim, 0);
+    kill(sleeper, SIGKILL);
+    double t0 = dshim_now();
+    for (int i = 0; i < job.n; i++) {
+        int rc = wait_code(job.pids[i]);
+        if (i != victim) {
+            ck_assert_msg(rc != 0, "process %d exited with 0 after a worker was killed", i);
+        }
+    }
+    ck_assert_msg(dshim_now() - t0 < 10, "the job took %.1f s to end", dshim_now() - t0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *su = suite_create("ps");
+    TCase *tc = tcase_create("ps");
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, sync_sum_one_server);
+    tcase_add_test(tc, sync_sum_sharded_three_workers);
+    tcase_add_test(tc, killed_worker_ends_everyone);
+    suite_add_tcase(su, tc);
+    SRunner *sr = srunner_create(su);
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
