@@ -663,8 +663,13 @@ def machine_info():
             mem = f"{kb / (1 << 20):.1f} GiB"
     except OSError:
         pass
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            cc = f.read().strip()
+    except OSError:
+        cc = "?"
     return dict(nproc=os.cpu_count(), cpu=model, memory=mem,
-                kernel=platform.release(), os=platform.platform(terse=True))
+                kernel=platform.release(), os=platform.platform(terse=True), tcp_cc=cc)
 
 
 DOC_HEAD = """\
@@ -729,7 +734,9 @@ Caveats: N larger than the core count oversubscribes the CPUs, so N=4 on a
 its ranks to cores by default when not oversubscribed; the other two do not
 pin. OpenMPI busy-polls; blocking implementations pay the vCPU wake-up
 latency at small sizes. Results from 64 MiB up are memory-bandwidth bound
-(L3 is smaller than the buffers).
+(L3 is smaller than the buffers). On loopback a pacing congestion control
+(`bbr`) costs TCP throughput: dshim switches its sockets between ranks of one
+host to `reno` (see the table), gloo and OpenMPI keep the system default.
 """
 
 
@@ -749,6 +756,8 @@ def write_report(bench, runs, rows, out_path):
              f"| torch (gloo) | {v.get('torch', 'n/a')} |",
              f"| OpenMPI | {v.get('openmpi', 'n/a')} |",
              f"| compiler | {v.get('gcc', '?')} |",
+             f"| TCP congestion control | system default `{m['tcp_cc']}` (gloo, OpenMPI, dshim between "
+             f"hosts); dshim between ranks of one host: `reno` (DSHIM_SOCKET_CC=auto) |",
              f"| sweep | N = {', '.join(map(str, bench.nps))}; sizes "
              f"{', '.join(fmt_size(s) for s in bench.sizes)}; {bench.a.reps} repetition(s) |",
              ""]

@@ -371,6 +371,9 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
             fds[r] = -1;
             comm->any_shm = 1;
         } else {
+            /* on this host even when host ids differ (DSHIM_HOST_ID) */
+            int local = same_host || comm->peers[r].ip == me->ip || (ntohl(comm->peers[r].ip) >> 24) == 127;
+            dshim_net_set_cc(fds[r], local);
             DSHIM_CHECK_GOTO(dshim_tcp_conn_create(fds[r], r, 256 * 1024, &comm->conns[r]), st, err);
             fds[r] = -1;
             comm->any_tcp = 1;

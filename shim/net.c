@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,6 +41,31 @@ void dshim_net_tune(int fd, size_t bufsize)
         int sz = (int)bufsize;
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
         setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+    }
+}
+
+/* Why reno for local peers: on loopback there is no network to share and no
+ * loss, so congestion control has nothing to do, but a pacing algorithm (bbr,
+ * the system default on some hosts) still spaces the segments out with
+ * timers.  Measured on loopback, 2 ranks: allreduce busbw 2.8 -> 4.3 GB/s at
+ * 1 MiB and 2.5 -> 3.4 GB/s at 16 MiB.  reno is built into every kernel and
+ * always allowed to unprivileged processes. */
+void dshim_net_set_cc(int fd, int local)
+{
+    const char *want = dshim_config()->socket_cc;
+    if (!strcasecmp(want, "default") || want[0] == '\0' || (!strcasecmp(want, "auto") && !local)) {
+        return;
+    }
+    int explicit_name = strcasecmp(want, "auto") != 0;
+    const char *name = explicit_name ? want : "reno";
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)) != 0) {
+        if (explicit_name) {
+            DSHIM_WARN("DSHIM_SOCKET_CC=%s: the kernel refused it (%s); see "
+                       "/proc/sys/net/ipv4/tcp_allowed_congestion_control; keeping the system default",
+                       name, strerror(errno));
+        } else {
+            DSHIM_TRACE("TCP_CONGESTION %s refused (%s); keeping the system default", name, strerror(errno));
+        }
     }
 }
 

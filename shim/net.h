@@ -22,6 +22,9 @@ dshim_status_t dshim_net_connect(struct in_addr addr, int port, double deadline,
 dshim_status_t dshim_net_read_full(int fd, void *buf, size_t len, double deadline);
 dshim_status_t dshim_net_write_full(int fd, const void *buf, size_t len, double deadline);
 void dshim_net_tune(int fd, size_t bufsize);
+/* Applies DSHIM_SOCKET_CC to a connected data socket; `local` = the peer is
+ * on this host (same host id, loopback or our own address). */
+void dshim_net_set_cc(int fd, int local);
 int dshim_net_set_nonblocking(int fd, int on);
 double dshim_now(void);  /* monotonic seconds */
 

@@ -146,13 +146,41 @@ static dshim_status_t progress_op(dshim_comm_t *comm, const dshim_coll_sig_t *si
     }
     size_t n = 0;
     if (op->phase == PH_HDR) {
+        size_t hleft = HDR_BYTES - op->hoff;
+        /* the payload bytes that may move together with the header (TCP:
+         * one system call and one segment instead of two of each) */
+        size_t body = 0;
+        if (op->kind != DSHIM_XF_RECV_REDUCE) {
+            body = limit_of(op);
+            body = body < comm->chunk_bytes ? body : comm->chunk_bytes;
+        }
         if (op->kind == DSHIM_XF_SEND) {
             if (op->hoff == 0) {
                 fill_hdr(op->hdr, sig, op->len);
             }
-            DSHIM_CHECK(c->ops->send(c, op->hdr + op->hoff, HDR_BYTES - op->hoff, &n));
+            if (body && c->ops->send2) {
+                DSHIM_CHECK(c->ops->send2(c, op->hdr + op->hoff, hleft, op->sbuf, body, &n));
+            } else {
+                DSHIM_CHECK(c->ops->send(c, op->hdr + op->hoff, hleft, &n));
+            }
+        } else if (body && c->ops->recv2) {
+            /* payload bytes land in rbuf before the header is checked: if
+             * the check fails, the collective fails and rbuf is undefined
+             * anyway, as after any failed call */
+            DSHIM_CHECK(c->ops->recv2(c, op->hdr + op->hoff, hleft, op->rbuf, body, &n));
         } else {
-            DSHIM_CHECK(c->ops->recv(c, op->hdr + op->hoff, HDR_BYTES - op->hoff, &n));
+            if (op->kind == DSHIM_XF_RECV_REDUCE && !c->is_shm) {
+                /* fill the transport's staging buffer first, so that the
+                 * header and the payload after it arrive in one system call */
+                const void *ptr;
+                size_t avail;
+                DSHIM_CHECK(c->ops->peek(c, &ptr, &avail));
+            }
+            DSHIM_CHECK(c->ops->recv(c, op->hdr + op->hoff, hleft, &n));
+        }
+        if (n > hleft) {
+            op->done += n - hleft;
+            n = hleft;
         }
         op->hoff += n;
         if (n) {

@@ -15,6 +15,10 @@
  *    (*avail_p = 0 when none); the bytes stay valid and in place until
  *    consume(n) releases the first n of them.  recv and peek/consume may be
  *    mixed; recv after a peek returns the same not-yet-consumed bytes.
+ *  - send2/recv2 (optional, NULL when a transport gains nothing from them):
+ *    send or recv over two buffers in one call, `a` first; *n_p counts bytes
+ *    of both.  TCP uses them to put a message's header and the start of its
+ *    payload into one system call (and one segment) instead of two.
  *  - A dead or closed peer: DSHIM_ERR_PEER with a message naming the peer.
  *    Bytes that do not make sense are the engine's business (framing).
  *  - Streams carry only multiples of 8 bytes per message (the engine pads),
@@ -38,6 +42,8 @@ typedef struct dshim_transport_ops {
     dshim_status_t (*recv)(dshim_conn_t *c, void *buf, size_t len, size_t *n_p);
     dshim_status_t (*peek)(dshim_conn_t *c, const void **ptr_p, size_t *avail_p);
     dshim_status_t (*consume)(dshim_conn_t *c, size_t n);
+    dshim_status_t (*send2)(dshim_conn_t *c, const void *a, size_t alen, const void *b, size_t blen, size_t *n_p);
+    dshim_status_t (*recv2)(dshim_conn_t *c, void *a, size_t alen, void *b, size_t blen, size_t *n_p);
     void (*destroy)(dshim_conn_t *c);
 } dshim_transport_ops_t;
 

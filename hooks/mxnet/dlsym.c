@@ -11,7 +11,6 @@
  * assembly that ask the hook and then jump (not call) to the real dlsym;
  * elsewhere a C tail call does the same at -O2. */
 #include <dlfcn.h>
-#include <pthread.h>
 #include <string.h>
 
 #include "config.h"
@@ -22,12 +21,21 @@ typedef void *(*dlsym_fn_t)(void *, const char *);
 __attribute__((visibility("hidden"))) dlsym_fn_t dshim_real_dlsym_ptr;
 __attribute__((visibility("hidden"))) void *dshim_mx_dlsym_hook(void *handle, const char *name);
 
-static pthread_once_t real_once = PTHREAD_ONCE_INIT;
+/* The sanitizers' runtimes call dlsym while they initialise, before their
+ * shadow memory and thread state exist; code instrumented by them would crash
+ * there (sanitizer builds of dshim's own tests).  So everything a look-up
+ * of an uninteresting name runs is uninstrumented and calls nothing but
+ * dlvsym, which no sanitizer intercepts, and no lock. */
+#define DSHIM_UNINSTRUMENTED __attribute__((no_sanitize("address", "thread", "undefined")))
 
-static void resolve_real(void)
+/* glibc's dlsym; resolving it twice in a race is harmless (same answer) */
+static DSHIM_UNINSTRUMENTED dlsym_fn_t real_dlsym(void)
 {
-    /* dlvsym is not interposed; the version names glibc's dlsym (2.34 moved
-     * it from libdl into libc) */
+    dlsym_fn_t fn = __atomic_load_n(&dshim_real_dlsym_ptr, __ATOMIC_ACQUIRE);
+    if (fn != NULL) {
+        return fn;
+    }
+    /* the version names glibc's dlsym (2.34 moved it from libdl into libc) */
     void *p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
     if (p == NULL) {
         p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
@@ -35,33 +43,51 @@ static void resolve_real(void)
     if (p == NULL) {
         p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17"); /* aarch64 */
     }
-    __atomic_store_n(&dshim_real_dlsym_ptr, (dlsym_fn_t)p, __ATOMIC_RELEASE);
+    fn = (dlsym_fn_t)p;
+    __atomic_store_n(&dshim_real_dlsym_ptr, fn, __ATOMIC_RELEASE);
+    return fn;
 }
 
 void *dshim_mx_real_dlsym(void *handle, const char *name)
 {
-    pthread_once(&real_once, resolve_real);
-    return dshim_real_dlsym_ptr(handle, name);
+    return real_dlsym()(handle, name);
 }
 
-static int interesting(const char *name)
+static DSHIM_UNINSTRUMENTED int interesting(const char *name)
 {
-    return name != NULL && name[0] == 'M' && name[1] == 'X' && strncmp(name, "MXKVStore", 9) == 0;
+    static const char prefix[] = "MXKVStore";
+    if (name == NULL) {
+        return 0;
+    }
+    for (unsigned i = 0; i < sizeof(prefix) - 1; i++) {
+        if (name[i] != prefix[i]) {
+            return 0;
+        }
+    }
+    return 1;
 }
+
+static void *mx_lookup(void *handle, const char *name);
 
 /* NULL: let the real dlsym answer (the caller's own lookup, unchanged). */
-void *dshim_mx_dlsym_hook(void *handle, const char *name)
+DSHIM_UNINSTRUMENTED void *dshim_mx_dlsym_hook(void *handle, const char *name)
 {
-    pthread_once(&real_once, resolve_real);
+    real_dlsym(); /* the entry below jumps through the pointer */
     if (!interesting(name) || handle == RTLD_NEXT || handle == RTLD_DEFAULT) {
         return NULL;
     }
+    return mx_lookup(handle, name);
+}
+
+/* A MXKVStore* name: dshim's implementation when handle is MXNet's library. */
+static void *mx_lookup(void *handle, const char *name)
+{
     void *ours = dshim_mx_kvstore_lookup(name);
     if (ours == NULL || !dshim_config()->mxnet_takeover) {
         return NULL;
     }
     /* only inside a library that really is MXNet */
-    if (dshim_real_dlsym_ptr(handle, name) == NULL || dshim_mx_api_bind(handle) != 0) {
+    if (real_dlsym()(handle, name) == NULL || dshim_mx_api_bind(handle) != 0) {
         return NULL;
     }
     return ours;
@@ -93,6 +119,6 @@ __attribute__((visibility("default"))) void *dlsym(void *handle, const char *nam
     if (ours != NULL) {
         return ours;
     }
-    return dshim_real_dlsym_ptr(handle, name); /* a tail call at -O2 */
+    return real_dlsym()(handle, name); /* a tail call at -O2 */
 }
 #endif
