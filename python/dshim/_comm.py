@@ -11,6 +11,7 @@ waits).  Synchronous ones run the blocking dshim call in the caller's thread.
 import atexit
 import collections
 import ctypes
+import datetime
 import logging
 import os
 import queue
@@ -108,7 +109,6 @@ def _missing_ranks(store, size):
 def _wait_bootstrap(store, rank, size, timeout_s):
     """Rank 0's published store address; on timeout an error naming the ranks
     that never reached the rendezvous (not only "timeout")."""
-    import datetime
     try:
         store.wait([_BOOTSTRAP_KEY], datetime.timedelta(seconds=timeout_s))
     except Exception as e:

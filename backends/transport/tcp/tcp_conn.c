@@ -34,6 +34,17 @@ static dshim_status_t peer_error(tcp_conn_t *c, int err)
     return dshim_error_quiet(DSHIM_ERR_PEER, "connection to rank %d failed: %s", c->base.peer, strerror(err));
 }
 
+/* The outcome of one non-blocking socket call that returned n: *moved_p
+ * bytes moved (0 when the socket is not ready yet), or the peer's error. */
+static dshim_status_t io_outcome(tcp_conn_t *c, ssize_t n, size_t *moved_p)
+{
+    *moved_p = n > 0 ? (size_t)n : 0;
+    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) {
+        return DSHIM_OK;
+    }
+    return peer_error(c, n == 0 ? 0 : errno);
+}
+
 static dshim_status_t tcp_send(dshim_conn_t *conn, const void *buf, size_t len, size_t *n_p)
 {
     tcp_conn_t *c = (tcp_conn_t *)conn;
@@ -42,15 +53,9 @@ static dshim_status_t tcp_send(dshim_conn_t *conn, const void *buf, size_t len, 
         return DSHIM_OK;
     }
     ssize_t n = send(c->base.fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n > 0) {
-        *n_p = (size_t)n;
-        c->base.bytes_sent += (size_t)n;
-        return DSHIM_OK;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        return DSHIM_OK;
-    }
-    return peer_error(c, n == 0 ? 0 : errno);
+    DSHIM_CHECK(io_outcome(c, n, n_p));
+    c->base.bytes_sent += *n_p;
+    return DSHIM_OK;
 }
 
 /* Header and payload start in one sendmsg: one system call and, with
@@ -66,15 +71,9 @@ static dshim_status_t tcp_send2(dshim_conn_t *conn, const void *a, size_t alen, 
     m.msg_iov = iov;
     m.msg_iovlen = blen ? 2 : 1;
     ssize_t n = sendmsg(c->base.fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n > 0) {
-        *n_p = (size_t)n;
-        c->base.bytes_sent += (size_t)n;
-        return DSHIM_OK;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        return DSHIM_OK;
-    }
-    return peer_error(c, n == 0 ? 0 : errno);
+    DSHIM_CHECK(io_outcome(c, n, n_p));
+    c->base.bytes_sent += *n_p;
+    return DSHIM_OK;
 }
 
 static dshim_status_t fill_stage(tcp_conn_t *c)
@@ -91,15 +90,11 @@ static dshim_status_t fill_stage(tcp_conn_t *c)
         return DSHIM_OK;
     }
     ssize_t n = recv(c->base.fd, c->stage + c->stage_len, c->stage_cap - c->stage_len, MSG_DONTWAIT);
-    if (n > 0) {
-        c->stage_len += (size_t)n;
-        c->base.bytes_received += (size_t)n;
-        return DSHIM_OK;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        return DSHIM_OK;
-    }
-    return peer_error(c, n == 0 ? 0 : errno);
+    size_t moved;
+    DSHIM_CHECK(io_outcome(c, n, &moved));
+    c->stage_len += moved;
+    c->base.bytes_received += moved;
+    return DSHIM_OK;
 }
 
 static dshim_status_t tcp_recv(dshim_conn_t *conn, void *buf, size_t len, size_t *n_p)
@@ -120,15 +115,9 @@ static dshim_status_t tcp_recv(dshim_conn_t *conn, void *buf, size_t len, size_t
         return DSHIM_OK;
     }
     ssize_t n = recv(c->base.fd, buf, len, MSG_DONTWAIT);
-    if (n > 0) {
-        *n_p = (size_t)n;
-        c->base.bytes_received += (size_t)n;
-        return DSHIM_OK;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        return DSHIM_OK;
-    }
-    return peer_error(c, n == 0 ? 0 : errno);
+    DSHIM_CHECK(io_outcome(c, n, n_p));
+    c->base.bytes_received += *n_p;
+    return DSHIM_OK;
 }
 
 /* Header and payload start in one recvmsg, the payload going straight into
@@ -147,15 +136,9 @@ static dshim_status_t tcp_recv2(dshim_conn_t *conn, void *a, size_t alen, void *
     m.msg_iov = iov;
     m.msg_iovlen = 2;
     ssize_t n = recvmsg(c->base.fd, &m, MSG_DONTWAIT);
-    if (n > 0) {
-        *n_p = (size_t)n;
-        c->base.bytes_received += (size_t)n;
-        return DSHIM_OK;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        return DSHIM_OK;
-    }
-    return peer_error(c, n == 0 ? 0 : errno);
+    DSHIM_CHECK(io_outcome(c, n, n_p));
+    c->base.bytes_received += *n_p;
+    return DSHIM_OK;
 }
 
 static dshim_status_t tcp_peek(dshim_conn_t *conn, const void **ptr_p, size_t *avail_p)
