@@ -13,7 +13,9 @@ expected sum, then a timed loop; time = the slowest rank's.  algbw = bytes / tim
 2 (n - 1) / n (nccl-tests' definition for all_reduce).  Rank 0 prints the table (and writes --out).
 """
 import argparse
+import faulthandler
 import os
+import sys
 import time
 
 import torch
@@ -26,6 +28,8 @@ def main():
     p.add_argument("--max-mib", type=int, default=256)
     p.add_argument("--out")
     args = p.parse_args()
+    # a stuck size shows where it is stuck (the step's timeout would kill it silently)
+    faulthandler.dump_traceback_later(60, repeat=True, file=sys.stderr)
     dev = torch.device("cuda", 0)  # every rank on the one GPU
     torch.cuda.set_device(dev)
     if args.backend == "dshim":

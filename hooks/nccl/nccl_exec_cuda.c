@@ -32,6 +32,8 @@
 #include <time.h>
 
 #include "engine.h"
+#include "log.h"
+#include "net.h"
 #include "nccl/nccl_cuda.h"
 #include "nccl/nccl_internal.h"
 #include "status.h"
@@ -53,6 +55,7 @@ typedef struct cuda_task {
     int nblocks;
     cudaEvent_t ready, done;
     uint32_t seq;
+    int enqueued;               /* the caller queued all its stream work (`done` recorded) */
 } cuda_task_t;
 
 typedef struct dshim_nccl_cuda_state {
@@ -87,50 +90,77 @@ static ncclResult_t cuda_fail(const cuda_state_t *s, cudaError_t e, const char *
 
 /* --- pinned staging ------------------------------------------------------ */
 
+/* Called by the application's thread (stage_op) only.  Blocks above the
+ * cap are freed here and never by the proxy: cudaFreeHost waits for the
+ * device, and the device may be waiting, in cuStreamWaitValue32, for a flag
+ * that only the proxy writes -- freeing there deadlocked a 256 MiB sweep.
+ * Here the wait only stalls: queued work finishes without this thread. */
 static pinned_block_t *block_get(cuda_state_t *s, size_t size)
 {
-    pthread_mutex_lock(&s->lock);
-    for (pinned_block_t **pp = &s->free_blocks; *pp; pp = &(*pp)->next) {
-        if ((*pp)->size >= size) {
-            pinned_block_t *b = *pp;
-            *pp = b->next;
-            s->free_bytes -= b->size;
-            pthread_mutex_unlock(&s->lock);
-            return b;
-        }
-    }
-    pthread_mutex_unlock(&s->lock);
     size_t want = MIN_BLOCK;
     while (want < size) {
         want *= 2;
+    }
+    pinned_block_t *best = NULL, **best_pp = NULL, *trim = NULL;
+    pthread_mutex_lock(&s->lock);
+    for (pinned_block_t **pp = &s->free_blocks; *pp; pp = &(*pp)->next) {
+        if ((*pp)->size >= size && (!best || (*pp)->size < best->size)) {
+            best = *pp;  /* the smallest that fits: large blocks stay for large ops */
+            best_pp = pp;
+        }
+    }
+    if (best) {
+        *best_pp = best->next;
+        s->free_bytes -= best->size;
+    } else {
+        /* a new block: first give back what the cap has no room for */
+        while (s->free_blocks && s->free_bytes + want > MAX_FREE_BYTES) {
+            pinned_block_t *b = s->free_blocks;
+            s->free_blocks = b->next;
+            s->free_bytes -= b->size;
+            b->next = trim;
+            trim = b;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    while (trim) {
+        pinned_block_t *b = trim;
+        trim = b->next;
+        s->api->FreeHost(b->ptr);
+        free(b);
+    }
+    if (best) {
+        return best;
     }
     pinned_block_t *b = malloc(sizeof(*b));
     if (!b) {
         return NULL;
     }
+    double t0 = dshim_now();
     if (s->api->HostAlloc(&b->ptr, want, cudaHostAllocPortable) != cudaSuccess) {
         s->api->GetLastError();
         free(b);
         return NULL;
     }
+    /* pinning can be slow (page by page under a sandboxing kernel): say so */
+    double ms = (dshim_now() - t0) * 1e3;
+    if (ms > 100) {
+        DSHIM_INFO("rank %d: pinning %zu bytes of staging took %.0f ms", s->comm->rank, want, ms);
+    } else {
+        DSHIM_TRACE("rank %d: %zu bytes of pinned staging allocated in %.1f ms", s->comm->rank, want, ms);
+    }
     b->size = want;
     return b;
 }
 
+/* Any thread, the proxy included: never frees (see block_get). */
 static void block_put(cuda_state_t *s, pinned_block_t *b)
 {
     pthread_mutex_lock(&s->lock);
-    if (s->free_bytes + b->size <= MAX_FREE_BYTES) {
-        b->next = s->free_blocks;
-        s->free_blocks = b;
-        s->free_bytes += b->size;
-        b = NULL;
-    }
+    b->next = s->free_blocks;
+    s->free_blocks = b;
+    s->free_bytes += b->size;
     pthread_mutex_unlock(&s->lock);
-    if (b) {
-        s->api->FreeHost(b->ptr);
-        free(b);
-    }
 }
 
 static void task_free(cuda_state_t *s, cuda_task_t *t)
@@ -160,9 +190,17 @@ static void reap(cuda_state_t *s, int wait_all)
     while (list) {
         cuda_task_t *t = list;
         list = t->next;
-        cudaError_t e;
-        while ((e = s->api->EventQuery(t->done)) == cudaErrorNotReady && wait_all) {
+        cudaError_t e = cudaErrorNotReady;
+        /* the proxy may finish a task before its caller has queued the output
+         * copies and recorded `done` (an event never recorded reads as
+         * complete): until the caller is through, the task is not ours */
+        while (!__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE) && wait_all) {
             sleep_us(100);
+        }
+        if (__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE)) {
+            while ((e = s->api->EventQuery(t->done)) == cudaErrorNotReady && wait_all) {
+                sleep_us(100);
+            }
         }
         if (e == cudaErrorNotReady) {
             t->next = keep;
@@ -418,6 +456,52 @@ static ncclResult_t stage_op(cuda_state_t *s, cuda_task_t *t, int i, cudaStream_
     return ncclSuccess;
 }
 
+/* The stream's part after the proxy: wait for the batch's flag, copy the
+ * outputs out of staging, record `done`, let the group's other streams go on. */
+static ncclResult_t enqueue_after_proxy(cuda_state_t *s, cuda_task_t *t, const dshim_nccl_op_t *ops, int n,
+                                        uint32_t seq)
+{
+    const dshim_nccl_cuda_api_t *a = s->api;
+    cudaStream_t stream = ops[0].stream;
+    cudaError_t e;
+    if (a->StreamWaitValue32) {
+        int r = a->StreamWaitValue32((void *)stream, (unsigned long long)(uintptr_t)s->flag_dev, seq,
+                                     0 /* CU_STREAM_WAIT_VALUE_GEQ, cyclic */);
+        if (r != 0) {
+            return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: cuStreamWaitValue32 "
+                                   "failed (CUresult %d)", s->comm->rank, r);
+        }
+    } else {
+        host_wait_t *w = malloc(sizeof(*w));
+        if (!w) {
+            return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
+        }
+        w->s = s;
+        w->seq = seq;
+        if ((e = a->LaunchHostFunc(stream, host_wait_fn, w)) != cudaSuccess) {
+            free(w);
+            return cuda_fail(s, e, "cudaLaunchHostFunc");
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        const dshim_nccl_op_t *o = &ops[i];
+        if (o->recv_bytes && t->ops[i].rbuf != o->rbuf &&
+            (e = a->MemcpyAsync(o->rbuf, t->ops[i].rbuf, o->recv_bytes, cudaMemcpyHostToDevice, stream)) !=
+                cudaSuccess) {
+            return cuda_fail(s, e, "cudaMemcpyAsync (staging to output)");
+        }
+    }
+    if ((e = a->EventRecord(t->done, stream)) != cudaSuccess) {
+        return cuda_fail(s, e, "cudaEventRecord");
+    }
+    for (int i = 1; i < n; i++) {
+        if (ops[i].stream != stream && (e = a->StreamWaitEvent(ops[i].stream, t->done, 0)) != cudaSuccess) {
+            return cuda_fail(s, e, "joining the group's streams");
+        }
+    }
+    return ncclSuccess;
+}
+
 static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int n, int lone, void **batch_p)
 {
     (void)lone;  /* never waits: the stream does */
@@ -470,6 +554,7 @@ static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int 
         /* nothing was handed to the proxy: copies already queued only fill
          * staging, which is released once they are done */
         a->EventRecord(t->done, stream);
+        t->enqueued = 1;
         pthread_mutex_lock(&s->lock);
         t->next = s->retired;
         s->retired = t;
@@ -487,44 +572,11 @@ static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int 
     s->tail = t;
     pthread_cond_broadcast(&s->cond);
     pthread_mutex_unlock(&s->lock);
-    /* from here the proxy owns t; the stream waits for its flag */
-    if (a->StreamWaitValue32) {
-        int r = a->StreamWaitValue32((void *)stream, (unsigned long long)(uintptr_t)s->flag_dev, seq,
-                                     0 /* CU_STREAM_WAIT_VALUE_GEQ, cyclic */);
-        if (r != 0) {
-            return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: cuStreamWaitValue32 "
-                                   "failed (CUresult %d)", comm->rank, r);
-        }
-    } else {
-        host_wait_t *w = malloc(sizeof(*w));
-        if (!w) {
-            return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
-        }
-        w->s = s;
-        w->seq = seq;
-        if ((e = a->LaunchHostFunc(stream, host_wait_fn, w)) != cudaSuccess) {
-            free(w);
-            return cuda_fail(s, e, "cudaLaunchHostFunc");
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        const dshim_nccl_op_t *o = &ops[i];
-        if (o->recv_bytes && t->ops[i].rbuf != o->rbuf &&
-            (e = a->MemcpyAsync(o->rbuf, t->ops[i].rbuf, o->recv_bytes, cudaMemcpyHostToDevice, stream)) !=
-                cudaSuccess) {
-            return cuda_fail(s, e, "cudaMemcpyAsync (staging to output)");
-        }
-    }
-    if ((e = a->EventRecord(t->done, stream)) != cudaSuccess) {
-        return cuda_fail(s, e, "cudaEventRecord");
-    }
-    /* and the group's other streams continue after it */
-    for (int i = 1; i < n; i++) {
-        if (ops[i].stream != stream && (e = a->StreamWaitEvent(ops[i].stream, t->done, 0)) != cudaSuccess) {
-            return cuda_fail(s, e, "joining the group's streams");
-        }
-    }
-    return ncclSuccess;
+    /* the proxy runs t from here on; the caller still reads t->ops and
+     * records t->done, so t is reaped only once `enqueued` is set */
+    res = enqueue_after_proxy(s, t, ops, n, seq);
+    __atomic_store_n(&t->enqueued, 1, __ATOMIC_RELEASE);
+    return res;
 }
 
 static ncclResult_t cuda_finish(struct ncclComm *comm, void *batch)

@@ -54,6 +54,9 @@ DSHIM_NCCL_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *s
     r->dtype = datatype;
     r->residence = residence;
     if (residence == ncclScalarHostImmediate) {
+        /* the datatype's size, as NCCL copies: PyTorch passes a float32
+         * scalar for bfloat16 tensors, of which NCCL (and so dshim) takes the
+         * first two bytes (tests/gpu/nccl_ddp.py checks against libnccl) */
         memcpy(r->value, scalar, dshim_dtype_size(d));
     } else {
         r->ptr = scalar;

@@ -18,6 +18,7 @@ keeps dshim's Python takeover away, so it is ProcessGroupNCCL (C++) that calls t
 import argparse
 import os
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,41 @@ def model_and_data(torch, world, steps=5, per_rank=16):
     return model, xs, ys
 
 
+# PreMulSum factor whose float32 bits are 0x3F803F00 (about 1.0019).  ProcessGroupNCCL hands NCCL a
+# float32 scalar even for bfloat16 tensors (unpackPreMulSum<float, ncclBfloat16> in
+# ProcessGroupNCCL.cpp) and NCCL's ncclRedOpCreatePreMulSum copies ncclTypeSize(bfloat16) = 2 bytes of
+# it: the factor NCCL applies is the bfloat16 0x3F00 = 0.5.  dshim reads the scalar as NCCL does, and
+# this factor makes the difference visible (a whole float32 read would give 1.0019); --probe-real
+# checks the rule against the real libnccl with one rank.
+PREMUL_BITS = 0x3F803F00
+
+
+def premul_factor():
+    return struct.unpack("<f", struct.pack("<I", PREMUL_BITS))[0]
+
+
+def premul_effective(torch, dt):
+    """The factor NCCL applies for dtype dt when torch passes premul_factor()."""
+    if dt == torch.bfloat16:
+        return struct.unpack("<f", struct.pack("<I", (PREMUL_BITS & 0xFFFF) << 16))[0]
+    return float(torch.tensor(premul_factor(), dtype=dt).float())
+
+
+def probe_real_nccl():
+    """One rank over the real libnccl: the factor it applies to a bfloat16 PreMulSum."""
+    import torch
+    import torch.distributed as dist
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", device_id=dev, rank=0, world_size=1,
+                            init_method=f"tcp://127.0.0.1:{free_port()}")
+    y = torch.full((8,), 2.0, device=dev, dtype=torch.bfloat16)
+    dist.all_reduce(y, op=dist._make_nccl_premul_sum(premul_factor()))
+    print(f"REAL-NCCL-BF16-FACTOR {float(y[0]) / 2.0!r}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
 def collective_matrix(torch, dist, rank, world, dev):
     fails = []
     for dt in (torch.float32, torch.float16, torch.bfloat16):
@@ -62,9 +98,11 @@ def collective_matrix(torch, dist, rank, world, dev):
             fails.append(f"all_reduce avg {dt}")
         if hasattr(dist, "_make_nccl_premul_sum"):
             y = x.clone()
-            dist.all_reduce(y, op=dist._make_nccl_premul_sum(0.5))
-            if not torch.allclose(y.float(), want.float() * 0.5, rtol=1e-2):
-                fails.append(f"all_reduce premul_sum {dt}")
+            dist.all_reduce(y, op=dist._make_nccl_premul_sum(premul_factor()))
+            f = premul_effective(torch, dt)
+            if not torch.allclose(y.float(), want.float() * f, rtol=1e-2):
+                fails.append(f"all_reduce premul_sum {dt}: got {y[:4].tolist()}, want {(want.float() * f)[:4].tolist()}"
+                             f" (factor {f})")
         y = x.clone() if rank == world - 1 else torch.zeros_like(x)
         dist.broadcast(y, src=world - 1)
         if not torch.equal(y, (base % 4 + world).to(dt)):
@@ -133,16 +171,40 @@ def reference(torch, world, path):
     return all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(got, model.parameters()))
 
 
+def check_real_nccl_rule(torch):
+    """The bfloat16 PreMulSum rule (premul_effective) holds for the real libnccl; True when it does
+    or when real NCCL cannot run here (said so), False when it disagrees."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "RANK", "WORLD_SIZE")}
+    try:
+        r = subprocess.run([sys.executable, __file__, "--probe-real"], env=env, capture_output=True, text=True,
+                           timeout=120)
+    except subprocess.TimeoutExpired:
+        print("real NCCL probe: timed out; the bfloat16 PreMulSum rule is unchecked")
+        return True
+    got = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("REAL-NCCL-BF16-FACTOR")]
+    if r.returncode != 0 or not got:
+        print(f"real NCCL probe failed (exit {r.returncode}); the bfloat16 PreMulSum rule is unchecked:\n"
+              f"{(r.stdout + r.stderr)[-1500:]}")
+        return True
+    want = premul_effective(torch, torch.bfloat16)
+    print(f"real NCCL, one rank: bfloat16 PreMulSum applies factor {float(got[0])!r} "
+          f"(dshim's rule: {want!r}; a whole float32 read would be {premul_factor()!r})")
+    return abs(float(got[0]) - want) <= 1e-2 * abs(want)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--lib", default=os.path.join(os.environ.get("DSHIM_BUILD_DIR", os.path.join(ROOT, "build")),
                                                  "lib", "libdshim.so"))
     p.add_argument("--worker", action="store_true")
+    p.add_argument("--probe-real", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out")
     args = p.parse_args()
     if args.worker:
         sys.exit(worker(args))
+    if args.probe_real:
+        sys.exit(probe_real_nccl())
     try:
         import torch
         import torch.distributed as dist
@@ -152,6 +214,7 @@ def main():
     if not torch.cuda.is_available() or not dist.is_nccl_available():
         print("nccl_ddp: no CUDA device or no NCCL backend in this torch: skipped")
         sys.exit(SKIP)
+    real = check_real_nccl_rule(torch)
     with tempfile.TemporaryDirectory(prefix="dshim-nccl-ddp-") as tmp:
         out = os.path.join(tmp, "params.pt")
         env = dict(os.environ, LD_PRELOAD=os.path.abspath(args.lib), DSHIM_TAKEOVER="0", DSHIM_SUMMARY="1", DSHIM_DEBUG="INFO",
@@ -181,7 +244,7 @@ def main():
                 print(f"---- rank {r} (exit {codes[r]}):\n{o}")
         print(f"nccl_ddp np{args.np}: collectives {'ok' if ok else 'FAILED'}, dshim carried it: "
               f"{'yes' if summary else 'NO'}, DDP equals the single-process reference: {'yes' if same else 'NO'}")
-        passed = ok and summary and same
+        passed = ok and summary and same and real
         print(f"{int(passed)} passed, {int(not passed)} failed")
         sys.exit(0 if passed else 1)
 
