@@ -66,6 +66,10 @@ static int load(void *h)
     SYM(EventDestroy, "cudaEventDestroy");
     SYM(StreamWaitEvent, "cudaStreamWaitEvent");
     SYM(LaunchHostFunc, "cudaLaunchHostFunc");
+    SYM(StreamSynchronize, "cudaStreamSynchronize");
+    SYM(IpcGetMemHandle, "cudaIpcGetMemHandle");
+    SYM(IpcOpenMemHandle, "cudaIpcOpenMemHandle");
+    SYM(IpcCloseMemHandle, "cudaIpcCloseMemHandle");
 #undef SYM
     void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
     if (drv) {

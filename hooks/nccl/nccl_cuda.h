@@ -8,6 +8,7 @@
 #define DSHIM_NCCL_CUDA_H
 
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 #include <stdint.h>
 
 typedef struct dshim_nccl_cuda_api {
@@ -28,6 +29,11 @@ typedef struct dshim_nccl_cuda_api {
     cudaError_t (*EventDestroy)(cudaEvent_t ev);
     cudaError_t (*StreamWaitEvent)(cudaStream_t s, cudaEvent_t ev, unsigned int flags);
     cudaError_t (*LaunchHostFunc)(cudaStream_t s, cudaHostFn_t fn, void *data);
+    /* CUDA IPC between the ranks of one host (nccl_ipc.c) */
+    cudaError_t (*StreamSynchronize)(cudaStream_t s);
+    cudaError_t (*IpcGetMemHandle)(cudaIpcMemHandle_t *handle, void *ptr);
+    cudaError_t (*IpcOpenMemHandle)(void **ptr, cudaIpcMemHandle_t handle, unsigned int flags);
+    cudaError_t (*IpcCloseMemHandle)(void *ptr);
     /* driver: stream waits until *addr >= value (CU_STREAM_WAIT_VALUE_GEQ);
      * NULL when the driver lacks it (the host-function fallback is used) */
     int (*StreamWaitValue32)(void *stream, unsigned long long addr, uint32_t value, unsigned int flags);
@@ -38,5 +44,22 @@ const dshim_nccl_cuda_api_t *dshim_nccl_cuda_api(void);
 
 /* cudaMemoryType of ptr as the runtime sees it (0 = unregistered host). */
 int dshim_nccl_cuda_memtype(const void *ptr);
+
+/* --- allreduce through CUDA IPC among the ranks of one host (nccl_ipc.c) --- */
+struct ncclComm;
+struct dshim_nccl_op;
+typedef struct dshim_nccl_ipc dshim_nccl_ipc_t;
+/* The batch may take the IPC path: one allreduce (no PreMulSum) on device
+ * buffers, every rank on this host, DSHIM_NCCL_IPC on, kernels for the dtype.
+ * The same answer on every rank for the same call. */
+int dshim_nccl_ipc_eligible(const struct ncclComm *comm, const struct dshim_nccl_op *ops, int n);
+/* Collective, on the application's thread with no batch in flight: *ipc_p
+ * set when every rank mapped every scratch, else NULL (reason logged). */
+ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_nccl_cuda_api_t *api, dshim_nccl_ipc_t **ipc_p);
+/* The allreduce, chunk by chunk on `stream`, returning when it is done (the
+ * caller's thread, no batch of the communicator in flight). */
+ncclResult_t dshim_nccl_ipc_allreduce(dshim_nccl_ipc_t *ipc, struct ncclComm *comm, const struct dshim_nccl_op *op,
+                                      cudaStream_t stream);
+void dshim_nccl_ipc_free(dshim_nccl_ipc_t *ipc);
 
 #endif

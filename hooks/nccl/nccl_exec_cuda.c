@@ -21,10 +21,11 @@
  * Other streams of the same batch are joined to S with events at both ends.
  * Staging blocks are reused once `done` has fired.
  *
- * Not run yet: this machine has no GPU (see docs/nccl.md).  Device-side
- * reduction (backends/reduce/cuda), CUDA IPC between ranks of one host and
- * chunked pipelining of copies with the network are the next steps; they
- * replace steps 1-4 without changing the seam (dshim_nccl_executor_t).
+ * An allreduce on device buffers whose ranks are all on this host skips all
+ * of this: the caller's thread runs it through CUDA IPC with GPU kernels on
+ * the caller's stream (nccl_ipc.c).  Still staged: the other collectives,
+ * and every op between hosts (chunked pipelining of copies with the network
+ * is the next step).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +74,8 @@ typedef struct dshim_nccl_cuda_state {
     uint32_t next_seq, completed;
     pinned_block_t *free_blocks;
     size_t free_bytes;
+    dshim_nccl_ipc_t *ipc;      /* CUDA IPC among the ranks of this host */
+    int ipc_state;              /* 0 not tried yet, 1 ready, -1 unavailable (every rank agrees) */
 } cuda_state_t;
 
 static void sleep_us(long us)
@@ -87,6 +90,8 @@ static ncclResult_t cuda_fail(const cuda_state_t *s, cudaError_t e, const char *
     return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: %s failed: %s", s->comm->rank, what,
                            s->api->GetErrorString(e));
 }
+
+static ncclResult_t cuda_drain(struct ncclComm *comm);
 
 /* --- pinned staging ------------------------------------------------------ */
 
@@ -513,6 +518,23 @@ static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int 
     }
     const dshim_nccl_cuda_api_t *a = s->api;
     cudaStream_t stream = ops[0].stream;
+    if (s->ipc_state == 0 && dshim_nccl_ipc_eligible(comm, ops, n)) {
+        /* the first batch that could use CUDA IPC sets it up, on every rank
+         * (the same call everywhere), once the batches before it are done:
+         * the set-up exchanges messages on the communicator too */
+        cuda_drain(comm);
+        res = dshim_nccl_ipc_setup(comm, a, &s->ipc);
+        if (res != ncclSuccess) {
+            return res;
+        }
+        s->ipc_state = s->ipc ? 1 : -1;
+    }
+    if (s->ipc_state == 1 && dshim_nccl_ipc_eligible(comm, ops, n)) {
+        /* on this thread and the caller's stream, after the batches before
+         * it (see nccl_ipc.c for why not on the proxy) */
+        cuda_drain(comm);
+        return dshim_nccl_ipc_allreduce(s->ipc, comm, &ops[0], stream);
+    }
     cuda_task_t *t = calloc(1, sizeof(*t));
     if (!t || !(t->ops = malloc((size_t)n * sizeof(*t->ops))) ||
         !(t->blocks = calloc((size_t)n * 3, sizeof(*t->blocks)))) {
@@ -629,6 +651,7 @@ static void cuda_destroy(struct ncclComm *comm)
         pthread_join(s->proxy, NULL);
     }
     reap(s, 1);
+    dshim_nccl_ipc_free(s->ipc);
     while (s->free_blocks) {
         pinned_block_t *b = s->free_blocks;
         s->free_blocks = b->next;
