@@ -49,8 +49,9 @@ int dshim_nccl_cuda_memtype(const void *ptr);
 struct ncclComm;
 struct dshim_nccl_op;
 typedef struct dshim_nccl_ipc dshim_nccl_ipc_t;
-/* The batch may take the IPC path: one allreduce (no PreMulSum) on device
- * buffers, every rank on this host, DSHIM_NCCL_IPC on, kernels for the dtype.
+/* The batch may take the IPC path: one allreduce (no PreMulSum) of at least
+ * DSHIM_NCCL_IPC_MIN bytes on device buffers, every rank on this host,
+ * DSHIM_NCCL_IPC on, kernels for the dtype.
  * The same answer on every rank for the same call. */
 int dshim_nccl_ipc_eligible(const struct ncclComm *comm, const struct dshim_nccl_op *ops, int n);
 /* Collective, on the application's thread with no batch in flight: *ipc_p

@@ -75,6 +75,11 @@ int dshim_nccl_ipc_eligible(const struct ncclComm *comm, const dshim_nccl_op_t *
         comm->nranks < 2 || !comm->dc || comm->dc->nlocal != comm->dc->size) {
         return 0;
     }
+    /* the same count on every rank, so the same answer: below the threshold
+     * the staged path's latency is lower (docs/benchmarks.md, "GPU") */
+    if (o->count * dshim_dtype_size(o->dtype) < dshim_config()->nccl_ipc_min) {
+        return 0;
+    }
     if (dshim_nccl_cuda_memtype(o->sbuf) != cudaMemoryTypeDevice ||
         dshim_nccl_cuda_memtype(o->rbuf) != cudaMemoryTypeDevice) {
         return 0;

@@ -219,7 +219,10 @@ def main():
         out = os.path.join(tmp, "params.pt")
         env = dict(os.environ, LD_PRELOAD=os.path.abspath(args.lib), DSHIM_TAKEOVER="0", DSHIM_SUMMARY="1", DSHIM_DEBUG="INFO",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.np),
-                   TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
+                   TORCH_NCCL_ASYNC_ERROR_HANDLING="1",
+                   # every allreduce through CUDA IPC, however small: the matrix covers that path
+                   # (by default allreduces under 512 KiB are staged, which the nccl-preload DDP runs cover)
+                   DSHIM_NCCL_IPC_MIN="0")
         procs = [subprocess.Popen([sys.executable, __file__, "--worker", "--out", out],
                                   env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
