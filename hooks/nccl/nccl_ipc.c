@@ -174,18 +174,20 @@ ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_nccl_cuda_a
     const char *fail = NULL;
     if (!ipc || !recs || !(ipc->src = calloc((size_t)comm->nranks, sizeof(void *))) ||
         !(ipc->opened = calloc((size_t)comm->nranks, 1))) {
-        fail = "out of memory";
-    } else {
-        ipc->api = api;
-        ipc->red = dshim_reduce_cuda_load();
-        ipc->rank = comm->rank;
-        ipc->nranks = comm->nranks;
-        ipc->chunk = dshim_config()->nccl_ipc_chunk;
-        if (ipc->chunk < 4096) {
-            ipc->chunk = 4096;
-        }
-        fail = setup_local(ipc, &me);
+        free(recs);
+        dshim_nccl_ipc_free(ipc);
+        return dshim_nccl_fail(ncclSystemError, "NCCL collective", "rank %d: out of memory setting up CUDA IPC",
+                               comm->rank);
     }
+    ipc->api = api;
+    ipc->red = dshim_reduce_cuda_load();
+    ipc->rank = comm->rank;
+    ipc->nranks = comm->nranks;
+    ipc->chunk = dshim_config()->nccl_ipc_chunk;
+    if (ipc->chunk < 4096) {
+        ipc->chunk = 4096;
+    }
+    fail = setup_local(ipc, &me);
     dshim_status_t st = dshim_allgather(dc, &me, recs, sizeof(me), DSHIM_UINT8);
     if (st != DSHIM_OK) {
         free(recs);
