@@ -23,6 +23,7 @@ Run: .venv/bin/python -m pytest -q tests/torch/test_ddp.py
 import os
 import pathlib
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -143,14 +144,48 @@ def run_job(marker, argv, extra_env=None, timeout=150, cwd=None):
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stacks = stacks_of(marker)   # where it hangs, before anything is killed
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
             pass
         out, _ = proc.communicate()
         kill_marked(marker)
-        pytest.fail(f"{argv} did not finish within {timeout} s:\n{out[-6000:]}")
+        pytest.fail(f"{argv} did not finish within {timeout} s:\n{out[-6000:]}\n{stacks}")
     return proc.returncode, out, time.monotonic() - t0
+
+
+def stacks_of(marker):
+    """Native backtraces of the job's Python processes, by gdb where it is installed (a hang seen once
+    in ~50 runs under load, never reproduced by hand: the next one must say where it was)."""
+    gdb = shutil.which("gdb")
+    if not gdb:
+        return "(no gdb: no backtraces)"
+    text = []
+    for pid, cmd in marked_processes(marker):
+        if "python" not in cmd:
+            continue
+        try:
+            r = subprocess.run([gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt 20"],
+                               capture_output=True, text=True, timeout=30)
+            frames = [ln for ln in r.stdout.splitlines() if ln.startswith(("#", "Thread"))]
+            text.append(f"--- pid {pid} {cmd[:120]}\n" + "\n".join(frames[:200]))
+        except (OSError, subprocess.TimeoutExpired) as e:
+            text.append(f"--- pid {pid}: gdb failed: {e}")
+    return "\n".join(text)
+
+
+def run_reference(marker, nproc, args, **kw):
+    """A job with no dshim in the data path (torch's own gloo, --no-preload).  torch 2.11's gloo
+    sometimes aborts at interpreter exit ("terminate called without an active exception", seen once
+    under load after the job's last line): that is torch's teardown, not the result, so such a run is
+    repeated once, saying so."""
+    rc, out, secs = dshim_run(marker, nproc, args, preload=False, **kw)
+    if rc != 0 and "terminate called without an active exception" in out and "done: " in out:
+        print(f"torch's gloo aborted at exit (exit {rc}); repeating the reference run once")
+        kill_marked(marker)
+        rc, out, secs = dshim_run(marker, nproc, args, preload=False, **kw)
+    return rc, out, secs
 
 
 def dshim_run(marker, nproc, args, preload=True, extra_env=None, timeout=150, cwd=None):
@@ -203,8 +238,12 @@ def test_ddp_example_gloo_dshim_takeover(nproc, marker, tmp_path):
     params, outs, stats = {}, {}, {}
     for mode, backend, preload in (("a", "gloo", False), ("b", "dshim", False), ("c", "gloo", True)):
         p, ckpt = tmp_path / f"{mode}.pt", tmp_path / f"{mode}.ckpt"
-        rc, out, secs = dshim_run(marker, nproc, [HELPER, "script", EXAMPLE, "--steps", 50, "--backend", backend,
-                                                  "--save-params", p, "--checkpoint", ckpt], preload=preload)
+        argv = [HELPER, "script", EXAMPLE, "--steps", 50, "--backend", backend, "--save-params", p,
+                "--checkpoint", ckpt]
+        if backend == "gloo" and not preload:
+            rc, out, secs = run_reference(marker, nproc, argv)
+        else:
+            rc, out, secs = dshim_run(marker, nproc, argv, preload=preload)
         assert rc == 0, f"({mode}) --backend {backend} preload={preload} exited {rc}:\n{out[-6000:]}"
         assert_no_leftovers(marker)
         print(f"({mode}) {nproc} processes --backend {backend} preload={preload}: {secs:.1f} s")
@@ -244,7 +283,7 @@ def test_ddp_example_gloo_dshim_takeover(nproc, marker, tmp_path):
 def test_takeover_off_leaves_gloo(marker):
     """DSHIM_TAKEOVER=0 under dshim-run (libdshim.so preloaded): torch's gloo carries the group."""
     rc, out, _ = dshim_run(marker, 2, [HELPER, "script", EXAMPLE, "--steps", 3, "--backend", "gloo"],
-                           extra_env={"DSHIM_TAKEOVER": "0"})
+                           extra_env={"DSHIM_TAKEOVER": "0"}, timeout=75)
     assert rc == 0, out[-6000:]
     assert_no_leftovers(marker)
     assert "done: 3 steps on 2 ranks, backend gloo" in out, out[-3000:]
