@@ -155,5 +155,10 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env);
 size_t dshim_ps_dtype_size(int dtype);
 /* dst += src for n elements of an MXNet dtype (MXNet's `merged += recved`) */
 dshim_status_t dshim_ps_add(void *dst, const void *src, size_t n, int dtype);
+/* Multi-precision (kSetMultiPrecision): n values of MXNet dtype to float32,
+ * and back (float16/bfloat16 rounded to nearest even, integers truncated, as
+ * MXNet's CopyFromTo casts). */
+dshim_status_t dshim_ps_to_float32(float *dst, const void *src, size_t n, int dtype);
+dshim_status_t dshim_ps_from_float32(void *dst, const float *src, size_t n, int dtype);
 
 #endif

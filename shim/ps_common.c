@@ -316,3 +316,79 @@ void dshim_ps_log(const dshim_ps_env_t *env, int rank, int level, const char *fm
                 dshim_log_hostname(), (int)getpid(), line);
     }
 }
+
+#define DSHIM_PS_WIDEN(T)                                                      \
+    do {                                                                       \
+        const T *s_ = src;                                                     \
+        for (size_t i_ = 0; i_ < n; i_++) {                                    \
+            dst[i_] = (float)s_[i_];                                           \
+        }                                                                      \
+    } while (0)
+
+#define DSHIM_PS_NARROW(T)                                                     \
+    do {                                                                       \
+        T *d_ = dst;                                                           \
+        for (size_t i_ = 0; i_ < n; i_++) {                                    \
+            d_[i_] = (T)src[i_];                                               \
+        }                                                                      \
+    } while (0)
+
+dshim_status_t dshim_ps_to_float32(float *dst, const void *src, size_t n, int dtype)
+{
+    switch (dtype) {
+    case 0: memcpy(dst, src, n * sizeof(float)); break;
+    case 1: DSHIM_PS_WIDEN(double); break;
+    case 3: DSHIM_PS_WIDEN(uint8_t); break;
+    case 4: DSHIM_PS_WIDEN(int32_t); break;
+    case 5: DSHIM_PS_WIDEN(int8_t); break;
+    case 6: DSHIM_PS_WIDEN(int64_t); break;
+    case 2: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = dshim_half_to_float(s[i]);
+        }
+        break;
+    }
+    case 12: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) {
+            dst[i] = dshim_bf16_to_float(s[i]);
+        }
+        break;
+    }
+    default:
+        return dshim_error(DSHIM_ERR_UNSUPPORTED, "parameter server: no float32 master copy for MXNet dtype %d",
+                           dtype);
+    }
+    return DSHIM_OK;
+}
+
+dshim_status_t dshim_ps_from_float32(void *dst, const float *src, size_t n, int dtype)
+{
+    switch (dtype) {
+    case 0: memcpy(dst, src, n * sizeof(float)); break;
+    case 1: DSHIM_PS_NARROW(double); break;
+    case 3: DSHIM_PS_NARROW(uint8_t); break;
+    case 4: DSHIM_PS_NARROW(int32_t); break;
+    case 5: DSHIM_PS_NARROW(int8_t); break;
+    case 6: DSHIM_PS_NARROW(int64_t); break;
+    case 2: {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++) {
+            d[i] = dshim_float_to_half(src[i]);
+        }
+        break;
+    }
+    case 12: {
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++) {
+            d[i] = dshim_float_to_bf16(src[i]);
+        }
+        break;
+    }
+    default:
+        return dshim_error(DSHIM_ERR_UNSUPPORTED, "parameter server: no float32 master copy for MXNet dtype %d",
+                           dtype);
+    }
+    return DSHIM_OK;
+}

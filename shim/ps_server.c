@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <netinet/tcp.h>
 
+#include "config.h"
 #include "net.h"
 #include "ps_proto.h"
 #include "ps_twobit.h"
@@ -33,6 +34,12 @@ typedef struct key_state {
     void *merged;
     void *merged_cookie;
     void *decomp; /* 2-bit: one push dequantized */
+    /* multi-precision (MXNet's store_realt_): a float32 master copy of a key
+     * of another dtype; `merged` is float32 then, and `wide` holds one push
+     * widened to float32 */
+    void *master;
+    void *master_cookie;
+    float *wide;
     waiter_t *waiters;
     int nwaiters;
 } key_state_t;
@@ -48,6 +55,12 @@ typedef struct server {
     int stop;
     float threshold;
     int compression;
+    /* float32 master copies of non-float32 keys: after kSetMultiPrecision,
+     * or from the start (DSHIM_PS_FLOAT32_MASTER, the default): MXNet
+     * 1.9.1's KVStoreDistServer never initialises its multi_precision_ flag,
+     * and its servers behave as if it were set (ps-lite's float16 results
+     * equal the master-copy ones, with or without the command) */
+    int multi_precision;
     key_state_t *keys;
     size_t nkeys, cap;
     char *buf; /* receive buffer */
@@ -142,13 +155,23 @@ static dshim_status_t answer_stored(server_t *s, key_state_t *k, int worker, uin
 /* Every worker pushed (sync) or one did (async): update, then answer. */
 static dshim_status_t apply_updates(server_t *s, key_state_t *k)
 {
+    /* with a master copy the update runs on it, in float32 (MXNet's
+     * store_realt_), and the key's own dtype gets the result cast back */
+    void *target = k->master ? k->master : k->stored;
+    void *target_cookie = k->master ? k->master_cookie : k->stored_cookie;
+    int target_dtype = k->master ? 0 : k->dtype;
     if (s->ops->has_updater(s->ops->ctx)) {
-        if (s->ops->update(s->ops->ctx, k->key, k->merged_cookie, k->stored_cookie) != 0) {
+        if (s->ops->update(s->ops->ctx, k->key, k->merged_cookie, target_cookie) != 0) {
             return dshim_error(DSHIM_ERR_INTERNAL, "server %d: the updater failed for key %d", s->node->rank, k->key);
         }
     } else {
+        s->ops->wait(s->ops->ctx, target_cookie, 1);
+        memcpy(target, k->merged, k->n * dshim_ps_dtype_size(target_dtype));
+    }
+    if (k->master) {
+        s->ops->wait(s->ops->ctx, k->master_cookie, 0);
         s->ops->wait(s->ops->ctx, k->stored_cookie, 1);
-        memcpy(k->stored, k->merged, k->n * dshim_ps_dtype_size(k->dtype));
+        DSHIM_CHECK(dshim_ps_from_float32(k->stored, k->master, k->n, k->dtype));
     }
     for (int i = 0; i < k->nwaiters; i++) {
         waiter_t *w = &k->waiters[i];
@@ -158,6 +181,34 @@ static dshim_status_t apply_updates(server_t *s, key_state_t *k)
     k->nwaiters = 0;
     s->ops->wait(s->ops->ctx, k->stored_cookie, 0);
     return DSHIM_OK;
+}
+
+/* Gives key k (not float32) its float32 master copy, from its stored value;
+ * `merged` becomes float32 too.  At initialisation, or when
+ * kSetMultiPrecision comes after keys exist (MXNet's
+ * CreateMultiPrecisionCopies). */
+static dshim_status_t make_master(server_t *s, key_state_t *k)
+{
+    k->master = s->ops->alloc(s->ops->ctx, k->n, 0, &k->master_cookie);
+    k->wide = malloc((k->n ? k->n : 1) * sizeof(float));
+    void *merged_cookie = NULL;
+    void *merged = s->ops->alloc(s->ops->ctx, k->n, 0, &merged_cookie);
+    if (k->master == NULL || k->wide == NULL || merged == NULL) {
+        if (merged != NULL) {
+            s->ops->release(s->ops->ctx, merged_cookie);
+        }
+        return dshim_error(DSHIM_ERR_NOMEM, "server %d: cannot allocate the float32 master copy of key %d (%zu "
+                           "elements)", s->node->rank, k->key, k->n);
+    }
+    s->ops->release(s->ops->ctx, k->merged_cookie);
+    k->merged = merged;
+    k->merged_cookie = merged_cookie;
+    s->ops->wait(s->ops->ctx, k->stored_cookie, 0);
+    s->ops->wait(s->ops->ctx, k->master_cookie, 1);
+    DSHIM_CHECK(dshim_ps_to_float32(k->master, k->stored, k->n, k->dtype));
+    /* MXNet stores the key's value as the cast of the master copy */
+    s->ops->wait(s->ops->ctx, k->stored_cookie, 1);
+    return dshim_ps_from_float32(k->stored, k->master, k->n, k->dtype);
 }
 
 /* Writes the pushed values (dequantized when compressed) into dst. */
@@ -200,6 +251,9 @@ static dshim_status_t handle_push(server_t *s, int worker, const dshim_ps_hdr_t 
                                h->key, n);
         }
         take_values(s, k, h, k->stored);
+        if (s->multi_precision && k->dtype != 0) {
+            DSHIM_CHECK(make_master(s, k));
+        }
         dshim_ps_log(&s->node->env, s->node->rank, 2, "key %d initialised by worker %d (%zu elements)", h->key,
                      worker, n);
         return (h->flags & DSHIM_PS_F_PULL) ? answer_stored(s, k, worker, h->seq)
@@ -216,7 +270,14 @@ static dshim_status_t handle_push(server_t *s, int worker, const dshim_ps_hdr_t 
         return reply_error(s, worker, h->seq, msg);
     }
     s->ops->wait(s->ops->ctx, k->merged_cookie, 1);
-    if (k->nwaiters == 0 || !s->sync_mode) {
+    if (k->master) {
+        /* MXNet: the push cast to float32, then merged (float32) = or += it */
+        DSHIM_CHECK(dshim_ps_to_float32(k->nwaiters == 0 || !s->sync_mode ? k->merged : k->wide, s->buf, n,
+                                        k->dtype));
+        if (k->nwaiters > 0 && s->sync_mode) {
+            DSHIM_CHECK(dshim_ps_add(k->merged, k->wide, n, 0));
+        }
+    } else if (k->nwaiters == 0 || !s->sync_mode) {
         take_values(s, k, h, k->merged);
     } else {
         if (compressed) {
@@ -261,6 +322,23 @@ static dshim_status_t handle_command(server_t *s, int worker, const dshim_ps_hdr
         break;
     }
     case DSHIM_PS_CMD_MULTI_PRECISION:
+        if (!s->multi_precision) {
+            s->multi_precision = 1;
+            for (size_t i = 0; i < s->nkeys; i++) {
+                key_state_t *k = &s->keys[i];
+                if (k->stored == NULL || k->dtype == 0 || k->master != NULL) {
+                    continue;
+                }
+                if (k->nwaiters > 0) {
+                    char msg[200];
+                    snprintf(msg, sizeof(msg), "multi-precision cannot be set while pushes of key %d are under way: "
+                             "set the optimizer before pushing (MXNet refuses this too)", k->key);
+                    return reply_error(s, worker, h->seq, msg);
+                }
+                DSHIM_CHECK(make_master(s, k));
+            }
+        }
+        break;
     case DSHIM_PS_CMD_PROFILER:
         break; /* accepted; see docs/mxnet.md (not carried out) */
     default:
@@ -379,6 +457,7 @@ dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_
     server_t s;
     memset(&s, 0, sizeof(s));
     s.node = node;
+    s.multi_precision = dshim_config()->ps_float32_master;
     s.ops = &ops;
     s.threshold = DSHIM_TWOBIT_DEFAULT_THRESHOLD;
     int nw = node->env.num_workers;
@@ -434,6 +513,10 @@ dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_
         if (k->merged_cookie) {
             ops.release(ops.ctx, k->merged_cookie);
         }
+        if (k->master_cookie) {
+            ops.release(ops.ctx, k->master_cookie);
+        }
+        free(k->wide);
         free(k->decomp);
         free(k->waiters);
     }
