@@ -192,7 +192,7 @@ EOF
 # ---------------------------------------------------------------------------------------------
 # the steps
 # ---------------------------------------------------------------------------------------------
-STEPS_ALL="reduce-tests cuda-bench torch-backend-cuda nccl-ddp-np2 nccl-ddp-np4 ddp-dshim-np2
+STEPS_ALL="reduce-tests cuda-bench torch-backend-cuda nccl-ddp-np2 nccl-ddp-np4 nccl-ddp-np3-chunks ddp-dshim-np2
 ddp-dshim-np4 ddp-nccl-preload-np2 ddp-nccl-preload-np4 sweep-nccl-preload-np2 sweep-dshim-np2"
 
 # the CUDA kernels against the cpu kernels, bit for bit (tests/gpu): ctest -L gpu where this
@@ -257,13 +257,16 @@ nccl_ddp() {
     need_torch_cuda
     lib_has_nccl || { note "libdshim.so does not export the NCCL API (hooks/nccl not built)"; exit $SKIP; }
     [ -f tests/gpu/nccl_ddp.py ] || { note "no tests/gpu/nccl_ddp.py"; exit $SKIP; }
-    "$PY" tests/gpu/nccl_ddp.py --np "$1" --lib "$LIB"
+    "$PY" tests/gpu/nccl_ddp.py --np "$1" --lib "$LIB" ${2:+--chunk "$2"}
     local rc=$?
-    [ $rc -eq 0 ] && note "collectives + DDP equal to the reference, $1 ranks on one GPU"
+    [ $rc -eq 0 ] && note "collectives + DDP equal to the reference, $1 ranks on one GPU${2:+, $2-byte IPC chunks}"
     exit $rc
 }
 step_nccl-ddp-np2() { nccl_ddp 2; }
 step_nccl-ddp-np4() { nccl_ddp 4; }
+# the CUDA IPC path's chunking: 4 KiB slots, so the matrix's 10007-element tensors take many chunks
+# (both slots in turn) and a reduce-scatter's per-rank blocks split unevenly over 3 ranks
+step_nccl-ddp-np3-chunks() { nccl_ddp 3 4096; }
 
 # issue 6: examples/ddp_train.py unmodified, CUDA tensors + SyncBatchNorm, backend "dshim", N ranks
 # on the one GPU, against the single-process reference

@@ -45,22 +45,26 @@ const dshim_nccl_cuda_api_t *dshim_nccl_cuda_api(void);
 /* cudaMemoryType of ptr as the runtime sees it (0 = unregistered host). */
 int dshim_nccl_cuda_memtype(const void *ptr);
 
-/* --- allreduce through CUDA IPC among the ranks of one host (nccl_ipc.c) --- */
+/* --- collectives through CUDA IPC among the ranks of one host (nccl_ipc.c) --- */
 struct ncclComm;
 struct dshim_nccl_op;
 typedef struct dshim_nccl_ipc dshim_nccl_ipc_t;
-/* The batch may take the IPC path: one allreduce (no PreMulSum) of at least
- * DSHIM_NCCL_IPC_MIN bytes on device buffers, every rank on this host,
- * DSHIM_NCCL_IPC on, kernels for the dtype.
- * The same answer on every rank for the same call. */
+/* The batch may take the IPC path: one allreduce, reduce, broadcast,
+ * allgather or reduce-scatter (no PreMulSum) of at least DSHIM_NCCL_IPC_MIN
+ * bytes on device buffers, every rank on this host, DSHIM_NCCL_IPC on,
+ * kernels for the dtype.  The same answer on every rank for the same call. */
 int dshim_nccl_ipc_eligible(const struct ncclComm *comm, const struct dshim_nccl_op *ops, int n);
 /* Collective, on the application's thread with no batch in flight: *ipc_p
  * set when every rank mapped every scratch, else NULL (reason logged). */
 ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_nccl_cuda_api_t *api, dshim_nccl_ipc_t **ipc_p);
-/* The allreduce, chunk by chunk on `stream`, returning when it is done (the
- * caller's thread, no batch of the communicator in flight). */
-ncclResult_t dshim_nccl_ipc_allreduce(dshim_nccl_ipc_t *ipc, struct ncclComm *comm, const struct dshim_nccl_op *op,
-                                      cudaStream_t stream);
+/* Queues the collective, chunk by chunk, on `stream` and returns: the host
+ * does not wait (the barriers between chunks are stream barriers). */
+ncclResult_t dshim_nccl_ipc_enqueue(dshim_nccl_ipc_t *ipc, struct ncclComm *comm, const struct dshim_nccl_op *op,
+                                    cudaStream_t stream);
+/* From nccl_exec_cuda.c: a barrier of the ranks in `stream`'s order (work
+ * queued before it completes on every rank before work queued after it
+ * starts on any), without blocking the host. */
+ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t stream);
 void dshim_nccl_ipc_free(dshim_nccl_ipc_t *ipc);
 
 #endif

@@ -21,11 +21,12 @@
  * Other streams of the same batch are joined to S with events at both ends.
  * Staging blocks are reused once `done` has fired.
  *
- * An allreduce on device buffers whose ranks are all on this host skips all
- * of this: the caller's thread runs it through CUDA IPC with GPU kernels on
- * the caller's stream (nccl_ipc.c).  Still staged: the other collectives,
- * and every op between hosts (chunked pipelining of copies with the network
- * is the next step).
+ * A collective on device buffers whose ranks are all on this host skips the
+ * staging: its copies and GPU kernels go on the caller's stream through CUDA
+ * IPC (nccl_ipc.c), and only its barriers go through the proxy, as tasks
+ * without ops (dshim_nccl_cuda_stream_barrier).  Still staged: alltoall,
+ * gather/scatter, send/recv, PreMulSum, and every op between hosts (chunked
+ * pipelining of copies with the network is the next step).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ typedef struct cuda_task {
     cudaEvent_t ready, done;
     uint32_t seq;
     int enqueued;               /* the caller queued all its stream work (`done` recorded) */
+    int barrier;                /* no ops: a barrier of the ranks, for nccl_ipc.c */
 } cuda_task_t;
 
 typedef struct dshim_nccl_cuda_state {
@@ -202,7 +204,9 @@ static void reap(cuda_state_t *s, int wait_all)
         while (!__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE) && wait_all) {
             sleep_us(100);
         }
-        if (__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE)) {
+        if (__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE) && !t->done) {
+            e = cudaSuccess;  /* a barrier: no staging to wait for */
+        } else if (__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE)) {
             while ((e = s->api->EventQuery(t->done)) == cudaErrorNotReady && wait_all) {
                 sleep_us(100);
             }
@@ -269,6 +273,13 @@ static void run_task(cuda_state_t *s, cuda_task_t *t)
         return;
     }
     if (__atomic_load_n(&s->aborting, __ATOMIC_ACQUIRE)) {
+        return;
+    }
+    if (t->barrier) {
+        dshim_status_t st = dshim_barrier(dc);
+        if (st != DSHIM_OK && __atomic_load_n(&dc->error, __ATOMIC_ACQUIRE) == DSHIM_OK) {
+            dshim_comm_fail(dc, st, dshim_last_error());
+        }
         return;
     }
     void *batch = NULL;
@@ -461,13 +472,10 @@ static ncclResult_t stage_op(cuda_state_t *s, cuda_task_t *t, int i, cudaStream_
     return ncclSuccess;
 }
 
-/* The stream's part after the proxy: wait for the batch's flag, copy the
- * outputs out of staging, record `done`, let the group's other streams go on. */
-static ncclResult_t enqueue_after_proxy(cuda_state_t *s, cuda_task_t *t, const dshim_nccl_op_t *ops, int n,
-                                        uint32_t seq)
+/* Parks `stream` until the proxy has finished task `seq`. */
+static ncclResult_t stream_wait_flag(cuda_state_t *s, cudaStream_t stream, uint32_t seq)
 {
     const dshim_nccl_cuda_api_t *a = s->api;
-    cudaStream_t stream = ops[0].stream;
     cudaError_t e;
     if (a->StreamWaitValue32) {
         int r = a->StreamWaitValue32((void *)stream, (unsigned long long)(uintptr_t)s->flag_dev, seq,
@@ -488,6 +496,21 @@ static ncclResult_t enqueue_after_proxy(cuda_state_t *s, cuda_task_t *t, const d
             return cuda_fail(s, e, "cudaLaunchHostFunc");
         }
     }
+    return ncclSuccess;
+}
+
+/* The stream's part after the proxy: wait for the batch's flag, copy the
+ * outputs out of staging, record `done`, let the group's other streams go on. */
+static ncclResult_t enqueue_after_proxy(cuda_state_t *s, cuda_task_t *t, const dshim_nccl_op_t *ops, int n,
+                                        uint32_t seq)
+{
+    const dshim_nccl_cuda_api_t *a = s->api;
+    cudaStream_t stream = ops[0].stream;
+    cudaError_t e;
+    ncclResult_t res = stream_wait_flag(s, stream, seq);
+    if (res != ncclSuccess) {
+        return res;
+    }
     for (int i = 0; i < n; i++) {
         const dshim_nccl_op_t *o = &ops[i];
         if (o->recv_bytes && t->ops[i].rbuf != o->rbuf &&
@@ -505,6 +528,54 @@ static ncclResult_t enqueue_after_proxy(cuda_state_t *s, cuda_task_t *t, const d
         }
     }
     return ncclSuccess;
+}
+
+/* Hands a task to the proxy, in call order with the batches. */
+static uint32_t queue_task(cuda_state_t *s, cuda_task_t *t)
+{
+    pthread_mutex_lock(&s->lock);
+    t->seq = ++s->next_seq;
+    uint32_t seq = t->seq;
+    if (s->tail) {
+        s->tail->next = t;
+    } else {
+        s->head = t;
+    }
+    s->tail = t;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    return seq;
+}
+
+/*
+ * A barrier of the communicator's ranks in `stream`'s order, for nccl_ipc.c:
+ * the work queued on the stream so far completes on every rank before the
+ * work queued after this call starts on any.  The proxy waits for an event
+ * recorded here, runs the barrier over dshim's transport (a dead peer fails
+ * it: the communicator's asynchronous error) and releases the stream.
+ * Nothing waits on the host.
+ */
+ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t stream)
+{
+    cuda_state_t *s = comm->cuda;
+    cuda_task_t *t = calloc(1, sizeof(*t));
+    if (!t) {
+        return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
+    }
+    t->barrier = 1;
+    cudaError_t e = s->api->EventCreateWithFlags(&t->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+        e = s->api->EventRecord(t->ready, stream);
+    }
+    if (e != cudaSuccess) {
+        ncclResult_t res = cuda_fail(s, e, "cudaEventRecord (CUDA IPC barrier)");
+        task_free(s, t);
+        return res;
+    }
+    uint32_t seq = queue_task(s, t);
+    ncclResult_t res = stream_wait_flag(s, stream, seq);
+    __atomic_store_n(&t->enqueued, 1, __ATOMIC_RELEASE);
+    return res;
 }
 
 static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int n, int lone, void **batch_p)
@@ -530,10 +601,9 @@ static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int 
         s->ipc_state = s->ipc ? 1 : -1;
     }
     if (s->ipc_state == 1 && dshim_nccl_ipc_eligible(comm, ops, n)) {
-        /* on this thread and the caller's stream, after the batches before
-         * it (see nccl_ipc.c for why not on the proxy) */
-        cuda_drain(comm);
-        return dshim_nccl_ipc_allreduce(s->ipc, comm, &ops[0], stream);
+        /* queued on the caller's stream; its barriers go through the proxy
+         * in order with the staged batches */
+        return dshim_nccl_ipc_enqueue(s->ipc, comm, &ops[0], stream);
     }
     cuda_task_t *t = calloc(1, sizeof(*t));
     if (!t || !(t->ops = malloc((size_t)n * sizeof(*t->ops))) ||
@@ -583,17 +653,7 @@ static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int 
         pthread_mutex_unlock(&s->lock);
         return res;
     }
-    pthread_mutex_lock(&s->lock);
-    t->seq = ++s->next_seq;
-    uint32_t seq = t->seq;
-    if (s->tail) {
-        s->tail->next = t;
-    } else {
-        s->head = t;
-    }
-    s->tail = t;
-    pthread_cond_broadcast(&s->cond);
-    pthread_mutex_unlock(&s->lock);
+    uint32_t seq = queue_task(s, t);
     /* the proxy runs t from here on; the caller still reads t->ops and
      * records t->done, so t is reaped only once `enqueued` is set */
     res = enqueue_after_proxy(s, t, ops, n, seq);

@@ -1,33 +1,37 @@
 /*
- * Allreduce on device buffers among the ranks of one host, through CUDA IPC:
- * no staging through host memory, the reduction in dshim's CUDA kernels
+ * Collectives on device buffers among the ranks of one host, through CUDA
+ * IPC: no staging through host memory, reductions in dshim's CUDA kernels
  * (libdshim-cuda.so).
  *
- * Every rank owns a device scratch buffer of DSHIM_NCCL_IPC_CHUNK bytes and
- * maps every peer's (cudaIpcOpenMemHandle; ranks of one process use the
- * pointer itself).  The message goes chunk by chunk:
+ * Every rank owns a device scratch of two slots of DSHIM_NCCL_IPC_CHUNK bytes
+ * and maps every peer's (cudaIpcOpenMemHandle; ranks of one process use the
+ * pointer itself).  The message goes chunk by chunk, the slots alternating:
  *
- *     copy my input chunk into my scratch          (caller's stream, synchronised)
- *     barrier                                      all scratches are filled
- *     out = s[0] op s[1] op ... op s[n-1]          (the kernels, reading the peers'
- *                                                   scratches in place)
- *     barrier                                      nobody reads a scratch any more
+ *     fill: copy my part of the chunk into my slot
+ *     stream barrier                     every rank's slot is filled
+ *     use:  read the peers' slots in place (reduce with the kernels in rank
+ *           order, or copy out)
  *
- * Every rank computes the whole chunk in the same rank order, so every rank
- * gets the same bits without a second exchange.  That costs n reads per rank
- * where a reduce-scatter would cost 2, which is the right trade for the
- * handful of ranks one host holds (and one GPU: several ranks on one device
- * share its memory bandwidth anyway).  The barriers go over the
- * communicator's own transport (shm between ranks of a host), so a rank that
- * dies fails the collective with dshim's usual error naming it.
+ * and one stream barrier after the last chunk.  Everything is queued on the
+ * caller's stream and the call returns at once, as NCCL's do: a stream
+ * barrier (nccl_exec_cuda.c) is an event the communicator's proxy thread
+ * waits for, a barrier over dshim's transport there, and a
+ * cuStreamWaitValue32 on a flag the proxy writes.  No GPU work is queued
+ * anywhere but on the caller's stream, so nothing depends on how the driver
+ * orders other streams behind a parked one (the first version ran the copies
+ * on the proxy's own stream and hung on the H100 machine).
  *
- * It runs on the application's thread, on the caller's stream, and returns
- * once the result is in place: the host waits, as it does for gloo.  Run on
- * the proxy thread, on a stream of its own, behind a cuStreamWaitValue32 on
- * the caller's stream (what the staging path does), the first allreduce never
- * completed on the H100 machine: GPU work queued while the caller's stream is
- * parked on the flag did not run.  The batches before it are drained first, so messages on the
- * communicator keep the same order on every rank.
+ * Two slots make one barrier per chunk enough: a rank fills slot k%2 for
+ * chunk k after passing barrier k-1, which every rank reached after its use
+ * of chunk k-2 (stream order), so nobody still reads that slot.  The final
+ * barrier lets the next collective start from either slot.
+ *
+ * Every rank reduces in the same rank order, so all get the same bits
+ * without a second exchange.  That costs n reads per rank where a
+ * reduce-scatter would cost 2, the right trade for the handful of ranks one
+ * host holds (and one GPU: ranks on one device share its bandwidth anyway).
+ * A rank that dies fails the next barrier with dshim's usual error naming
+ * it, reported by ncclCommGetAsyncError.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -46,8 +50,8 @@ struct dshim_nccl_ipc {
     const dshim_nccl_cuda_api_t *api;
     const dshim_reduce_ops_t *red;
     int rank, nranks;
-    size_t chunk;          /* bytes, the smallest any rank offers */
-    void *scratch;         /* mine */
+    size_t chunk;          /* bytes per slot, the smallest any rank offers */
+    void *scratch;         /* mine: two slots */
     void **src;            /* [nranks]: every rank's scratch as this process sees it */
     unsigned char *opened; /* [nranks]: src[p] came from cudaIpcOpenMemHandle */
 };
@@ -68,21 +72,49 @@ static const char *cuda_err(const dshim_nccl_cuda_api_t *a, cudaError_t e)
     return a->GetErrorString(e);
 }
 
+/* Elements of the op's message: what the threshold is measured on. */
+static size_t message_elems(const dshim_nccl_op_t *o, int nranks)
+{
+    if (o->kind == DSHIM_NCCL_ALLGATHER || o->kind == DSHIM_NCCL_REDUCE_SCATTER) {
+        return o->count * (size_t)nranks;
+    }
+    return o->count;
+}
+
+static int on_device(const void *p, size_t bytes)
+{
+    return bytes == 0 || dshim_nccl_cuda_memtype(p) == cudaMemoryTypeDevice;
+}
+
 int dshim_nccl_ipc_eligible(const struct ncclComm *comm, const dshim_nccl_op_t *ops, int n)
 {
     const dshim_nccl_op_t *o = &ops[0];
-    if (!dshim_config()->nccl_ipc || n != 1 || o->kind != DSHIM_NCCL_ALLREDUCE || o->premul || o->count == 0 ||
-        comm->nranks < 2 || !comm->dc || comm->dc->nlocal != comm->dc->size) {
+    if (!dshim_config()->nccl_ipc || n != 1 || o->premul || o->count == 0 || comm->nranks < 2 || !comm->dc ||
+        comm->dc->nlocal != comm->dc->size) {
+        return 0;
+    }
+    switch (o->kind) {
+    case DSHIM_NCCL_ALLREDUCE:
+    case DSHIM_NCCL_REDUCE:
+    case DSHIM_NCCL_BROADCAST:
+    case DSHIM_NCCL_ALLGATHER:
+    case DSHIM_NCCL_REDUCE_SCATTER:
+        break;
+    default:
         return 0;
     }
     /* the same count on every rank, so the same answer: below the threshold
      * the staged path's latency is lower (docs/benchmarks.md, "GPU") */
-    if (o->count * dshim_dtype_size(o->dtype) < dshim_config()->nccl_ipc_min) {
+    if (message_elems(o, comm->nranks) * dshim_dtype_size(o->dtype) < dshim_config()->nccl_ipc_min) {
         return 0;
     }
-    if (dshim_nccl_cuda_memtype(o->sbuf) != cudaMemoryTypeDevice ||
-        dshim_nccl_cuda_memtype(o->rbuf) != cudaMemoryTypeDevice) {
+    /* only the buffers this rank touches (a broadcast's non-root sendbuff
+     * is not one) */
+    if (!on_device(o->sbuf, o->send_bytes) || !on_device(o->rbuf, o->recv_bytes)) {
         return 0;
+    }
+    if (o->kind == DSHIM_NCCL_BROADCAST || o->kind == DSHIM_NCCL_ALLGATHER) {
+        return 1;  /* copies only */
     }
     const dshim_reduce_ops_t *red = dshim_reduce_cuda_load();
     dshim_redop_t op = o->op == DSHIM_AVG ? DSHIM_SUM : o->op;
@@ -121,7 +153,7 @@ static const char *setup_local(dshim_nccl_ipc_t *ipc, ipc_record_t *me)
     me->device = dev;
     me->pid = (uint64_t)getpid();
     me->chunk = ipc->chunk;
-    if ((e = a->Malloc(&ipc->scratch, ipc->chunk)) != cudaSuccess) {
+    if ((e = a->Malloc(&ipc->scratch, 2 * ipc->chunk)) != cudaSuccess) {
         ipc->scratch = NULL;
         return cuda_err(a, e);
     }
@@ -224,60 +256,145 @@ ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_nccl_cuda_a
         return ncclSuccess;
     }
     if (comm->rank == 0) {
-        DSHIM_INFO("allreduce on device buffers through CUDA IPC among the %d ranks of this host "
+        DSHIM_INFO("collectives on device buffers through CUDA IPC among the %d ranks of this host "
                    "(GPU kernels, %zu KiB chunks)", comm->nranks, ipc->chunk >> 10);
     }
     *ipc_p = ipc;
     return ncclSuccess;
 }
 
+/* One collective being queued. */
+typedef struct ipc_run {
+    dshim_nccl_ipc_t *ipc;
+    struct ncclComm *comm;
+    const dshim_nccl_op_t *o;
+    cudaStream_t stream;
+    size_t esz;
+} ipc_run_t;
+
 static ncclResult_t ipc_fail_cuda(const dshim_nccl_ipc_t *ipc, cudaError_t e, const char *what)
 {
-    return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: %s (CUDA IPC allreduce) failed: %s",
-                           ipc->rank, what, cuda_err(ipc->api, e));
+    return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: %s (CUDA IPC) failed: %s", ipc->rank,
+                           what, cuda_err(ipc->api, e));
 }
 
-ncclResult_t dshim_nccl_ipc_allreduce(dshim_nccl_ipc_t *ipc, struct ncclComm *comm, const dshim_nccl_op_t *o,
-                                      cudaStream_t stream)
+/* Rank p's slot as this process addresses it. */
+static char *slot_of(const dshim_nccl_ipc_t *ipc, int p, int slot)
 {
-    const dshim_nccl_cuda_api_t *a = ipc->api;
-    const size_t esz = dshim_dtype_size(o->dtype);
-    const size_t per = ipc->chunk / esz;
-    const dshim_redop_t op = o->op == DSHIM_AVG ? DSHIM_SUM : o->op;
-    cudaError_t e;
-    dshim_status_t st;
-    for (size_t off = 0; off < o->count; off += per) {
+    return (char *)ipc->src[p] + (size_t)slot * ipc->chunk;
+}
+
+static ncclResult_t copy(const ipc_run_t *r, void *dst, const void *src, size_t bytes)
+{
+    if (dst == src || bytes == 0) {
+        return ncclSuccess;
+    }
+    cudaError_t e = r->ipc->api->MemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, r->stream);
+    return e == cudaSuccess ? ncclSuccess : ipc_fail_cuda(r->ipc, e, "cudaMemcpyAsync");
+}
+
+/* out = slot_0[at] op slot_1[at] op ... (then / n for AVG), cnt elements. */
+static ncclResult_t reduce_slots(const ipc_run_t *r, void *out, int slot, size_t at, size_t cnt)
+{
+    const dshim_nccl_ipc_t *ipc = r->ipc;
+    const dshim_redop_t op = r->o->op == DSHIM_AVG ? DSHIM_SUM : r->o->op;
+    dshim_status_t st = ipc->red->reduce(out, slot_of(ipc, 0, slot) + at, slot_of(ipc, 1, slot) + at, cnt,
+                                         r->o->dtype, op, r->stream);
+    for (int p = 2; p < ipc->nranks && st == DSHIM_OK; p++) {
+        st = ipc->red->reduce(out, out, slot_of(ipc, p, slot) + at, cnt, r->o->dtype, op, r->stream);
+    }
+    if (st == DSHIM_OK && r->o->op == DSHIM_AVG) {
+        st = ipc->red->scale_div(out, cnt, r->o->dtype, ipc->nranks, r->stream);
+    }
+    return st == DSHIM_OK ? ncclSuccess : dshim_nccl_from_dshim(st, "NCCL collective (CUDA IPC)");
+}
+
+/* My part of chunk [off, off+cnt) into my slot. */
+static ncclResult_t fill(const ipc_run_t *r, int slot, size_t off, size_t cnt)
+{
+    const dshim_nccl_op_t *o = r->o;
+    const dshim_nccl_ipc_t *ipc = r->ipc;
+    const char *in = o->sbuf;
+    char *mine = slot_of(ipc, ipc->rank, slot);
+    switch (o->kind) {
+    case DSHIM_NCCL_BROADCAST:
+        return ipc->rank == o->root ? copy(r, mine, in + off * r->esz, cnt * r->esz) : ncclSuccess;
+    case DSHIM_NCCL_REDUCE_SCATTER: {
+        /* the chunk of every rank's block, block q at q * cnt */
+        ncclResult_t res = ncclSuccess;
+        for (int q = 0; q < ipc->nranks && res == ncclSuccess; q++) {
+            res = copy(r, mine + (size_t)q * cnt * r->esz, in + ((size_t)q * o->count + off) * r->esz,
+                       cnt * r->esz);
+        }
+        return res;
+    }
+    default:
+        return copy(r, mine, in + off * r->esz, cnt * r->esz);
+    }
+}
+
+/* What this rank makes of chunk [off, off+cnt) once every slot is filled. */
+static ncclResult_t use(const ipc_run_t *r, int slot, size_t off, size_t cnt)
+{
+    const dshim_nccl_op_t *o = r->o;
+    const dshim_nccl_ipc_t *ipc = r->ipc;
+    char *out = (char *)o->rbuf;
+    switch (o->kind) {
+    case DSHIM_NCCL_ALLREDUCE:
+        return reduce_slots(r, out + off * r->esz, slot, 0, cnt);
+    case DSHIM_NCCL_REDUCE:
+        return ipc->rank == o->root ? reduce_slots(r, out + off * r->esz, slot, 0, cnt) : ncclSuccess;
+    case DSHIM_NCCL_REDUCE_SCATTER:
+        return reduce_slots(r, out + off * r->esz, slot, (size_t)ipc->rank * cnt * r->esz, cnt);
+    case DSHIM_NCCL_BROADCAST:
+        if (ipc->rank == o->root) {
+            return copy(r, out + off * r->esz, (const char *)o->sbuf + off * r->esz, cnt * r->esz);
+        }
+        return copy(r, out + off * r->esz, slot_of(ipc, o->root, slot), cnt * r->esz);
+    case DSHIM_NCCL_ALLGATHER: {
+        ncclResult_t res = ncclSuccess;
+        for (int p = 0; p < ipc->nranks && res == ncclSuccess; p++) {
+            char *dst = out + ((size_t)p * o->count + off) * r->esz;
+            /* in place: my block already holds my part */
+            const void *src = p == ipc->rank ? (const char *)o->sbuf + off * r->esz : slot_of(ipc, p, slot);
+            res = copy(r, dst, src, cnt * r->esz);
+        }
+        return res;
+    }
+    default:
+        return dshim_nccl_fail(ncclInternalError, "NCCL collective", "rank %d: op kind %d has no CUDA IPC path",
+                               ipc->rank, (int)o->kind);
+    }
+}
+
+ncclResult_t dshim_nccl_ipc_enqueue(dshim_nccl_ipc_t *ipc, struct ncclComm *comm, const dshim_nccl_op_t *o,
+                                    cudaStream_t stream)
+{
+    ipc_run_t r = {ipc, comm, o, stream, dshim_dtype_size(o->dtype)};
+    /* elements per chunk: a reduce-scatter's slot holds every rank's block */
+    size_t per = ipc->chunk / r.esz;
+    if (o->kind == DSHIM_NCCL_REDUCE_SCATTER) {
+        per /= (size_t)ipc->nranks;
+    }
+    if (per == 0) {
+        return dshim_nccl_fail(ncclInvalidUsage, "NCCL collective", "rank %d: DSHIM_NCCL_IPC_CHUNK (%zu bytes) "
+                               "is too small for %d ranks; raise it or set DSHIM_NCCL_IPC=0", ipc->rank,
+                               ipc->chunk, ipc->nranks);
+    }
+    ncclResult_t res = ncclSuccess;
+    int slot = 0;
+    for (size_t off = 0; off < o->count && res == ncclSuccess; off += per, slot ^= 1) {
         const size_t cnt = o->count - off < per ? o->count - off : per;
-        const char *in = (const char *)o->sbuf + off * esz;
-        char *out = (char *)o->rbuf + off * esz;
-        if ((e = a->MemcpyAsync(ipc->scratch, in, cnt * esz, cudaMemcpyDeviceToDevice, stream)) != cudaSuccess) {
-            return ipc_fail_cuda(ipc, e, "cudaMemcpyAsync");
+        res = fill(&r, slot, off, cnt);
+        if (res == ncclSuccess) {
+            res = dshim_nccl_cuda_stream_barrier(comm, stream);
         }
-        if ((e = a->StreamSynchronize(stream)) != cudaSuccess) {
-            return ipc_fail_cuda(ipc, e, "cudaStreamSynchronize");
-        }
-        DSHIM_TRACE("ipc allreduce: %zu of %zu elements copied into my scratch", off + cnt, o->count);
-        if ((st = dshim_barrier(comm->dc)) != DSHIM_OK) {
-            return dshim_nccl_from_dshim(st, "NCCL allreduce");
-        }
-        DSHIM_TRACE("ipc allreduce: every scratch filled");
-        st = ipc->red->reduce(out, ipc->src[0], ipc->src[1], cnt, o->dtype, op, stream);
-        for (int p = 2; p < ipc->nranks && st == DSHIM_OK; p++) {
-            st = ipc->red->reduce(out, out, ipc->src[p], cnt, o->dtype, op, stream);
-        }
-        if (st == DSHIM_OK && o->op == DSHIM_AVG) {
-            st = ipc->red->scale_div(out, cnt, o->dtype, ipc->nranks, stream);
-        }
-        if (st != DSHIM_OK) {
-            return dshim_nccl_from_dshim(st, "NCCL allreduce");
-        }
-        if ((e = a->StreamSynchronize(stream)) != cudaSuccess) {
-            return ipc_fail_cuda(ipc, e, "cudaStreamSynchronize");
-        }
-        DSHIM_TRACE("ipc allreduce: reduced");
-        if ((st = dshim_barrier(comm->dc)) != DSHIM_OK) {
-            return dshim_nccl_from_dshim(st, "NCCL allreduce");
+        if (res == ncclSuccess) {
+            res = use(&r, slot, off, cnt);
         }
     }
-    return ncclSuccess;
+    if (res == ncclSuccess) {
+        res = dshim_nccl_cuda_stream_barrier(comm, stream);  /* nobody reads a slot any more */
+    }
+    return res;
 }

@@ -187,11 +187,22 @@ END_TEST
 
 START_TEST(test_scale_elems)
 {
-    static const int divisors[] = {2, 3, 7, 8, 255, 1000, 65537};
+    /* 2..64 (every rank count of a host, and more) plus odd large ones: the
+     * half types divide by multiplying (rc_div_by_int), which must equal the
+     * CPU's true division for every value */
+    int divisors[64 + 6];
+    int nd = 0;
+    for (int d = 2; d <= 64; d++) {
+        divisors[nd++] = d;
+    }
+    static const int more[] = {255, 1000, 1023, 4097, 65537, 1 << 20};
+    for (size_t k = 0; k < sizeof(more) / sizeof(more[0]); k++) {
+        divisors[nd++] = more[k];
+    }
     dshim_dtype_t dt = (dshim_dtype_t)_i;
     size_t n = make_pairs(dt);
     size_t size = dshim_dtype_size(dt);
-    for (size_t k = 0; k < sizeof(divisors) / sizeof(divisors[0]); k++) {
+    for (int k = 0; k < nd; k++) {
         memcpy(buf_want, buf_a, n * size);
         memcpy(buf_got, buf_a, n * size);
         ck_assert_int_eq(cpu->scale_div(buf_want, n, dt, divisors[k], NULL), DSHIM_OK);

@@ -22,6 +22,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -78,10 +79,43 @@ def probe_real_nccl():
     return 0
 
 
+SIZES = (37, 10007)  # 10007: many chunks under --chunk 4096, odd per-rank blocks
+
+
 def collective_matrix(torch, dist, rank, world, dev):
     fails = []
-    for dt in (torch.float32, torch.float16, torch.bfloat16):
-        base = torch.arange(37, device=dev, dtype=torch.float32)
+    for dt, size in [(dt, size) for dt in (torch.float32, torch.float16, torch.bfloat16) for size in SIZES]:
+        fails += [f"{f} ({size} elements)" for f in matrix_one(torch, dist, rank, world, dev, dt, size)]
+    fails += host_does_not_wait(torch, dist, dev)
+    torch.cuda.synchronize()
+    return fails
+
+
+def host_does_not_wait(torch, dist, dev):
+    """NCCL's contract: a collective is queued on the stream and the call returns. The stream is kept
+    busy for ~0.5 s first; a blocking implementation (the first CUDA IPC path was one) returns after it."""
+    x = torch.ones(1 << 20, device=dev)  # 4 MiB: the CUDA IPC path by default, too
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(int(0.5 * 1.5e9))  # ~0.5 s of GPU clock cycles at ~1.5 GHz
+    work = dist.all_reduce(x, async_op=True)
+    dt = time.perf_counter() - t0
+    work.wait()
+    torch.cuda.synchronize()
+    total = time.perf_counter() - t0
+    fails = []
+    if total > 0.3 and dt > 0.5 * total:
+        fails.append(f"all_reduce blocked the host: it returned after {dt:.3f} s of {total:.3f} s of queued GPU work")
+    if not torch.equal(x, torch.full_like(x, float(dist.get_world_size()))):
+        fails.append("all_reduce after a busy stream: wrong sum")
+    return fails
+
+
+def matrix_one(torch, dist, rank, world, dev, dt, size):
+    fails = []
+    if True:
+        base = torch.arange(size, device=dev, dtype=torch.float32)
         x = (base % 4 + 1 + rank).to(dt)
         y = x.clone()
         dist.all_reduce(y)
@@ -107,6 +141,10 @@ def collective_matrix(torch, dist, rank, world, dev):
         dist.broadcast(y, src=world - 1)
         if not torch.equal(y, (base % 4 + world).to(dt)):
             fails.append(f"broadcast {dt}")
+        y = x.clone()
+        dist.reduce(y, dst=1 % world)
+        if rank == 1 % world and not torch.equal(y, want):
+            fails.append(f"reduce {dt}")
         out = torch.empty(world * 37, device=dev, dtype=dt)
         dist.all_gather_into_tensor(out, x)
         if not torch.equal(out, torch.cat([(base % 4 + 1 + r).to(dt) for r in range(world)])):
@@ -129,7 +167,6 @@ def collective_matrix(torch, dist, rank, world, dev):
             r.wait()
         if not torch.equal(recv, (base % 4 + 1 + left).to(dt)):
             fails.append(f"send/recv {dt}")
-    torch.cuda.synchronize()
     return fails
 
 
@@ -200,6 +237,7 @@ def main():
     p.add_argument("--worker", action="store_true")
     p.add_argument("--probe-real", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out")
+    p.add_argument("--chunk", help="DSHIM_NCCL_IPC_CHUNK for the run (small: many chunks per collective)")
     args = p.parse_args()
     if args.worker:
         sys.exit(worker(args))
@@ -223,6 +261,8 @@ def main():
                    # every allreduce through CUDA IPC, however small: the matrix covers that path
                    # (by default allreduces under 512 KiB are staged, which the nccl-preload DDP runs cover)
                    DSHIM_NCCL_IPC_MIN="0")
+        if args.chunk:
+            env["DSHIM_NCCL_IPC_CHUNK"] = args.chunk
         procs = [subprocess.Popen([sys.executable, __file__, "--worker", "--out", out],
                                   env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -245,7 +285,7 @@ def main():
         for r, o in enumerate(outputs):
             if not (ok and summary and same):
                 print(f"---- rank {r} (exit {codes[r]}):\n{o}")
-        print(f"nccl_ddp np{args.np}: collectives {'ok' if ok else 'FAILED'}, dshim carried it: "
+        print(f"nccl_ddp np{args.np}{' chunk ' + args.chunk if args.chunk else ''}: collectives {'ok' if ok else 'FAILED'}, dshim carried it: "
               f"{'yes' if summary else 'NO'}, DDP equals the single-process reference: {'yes' if same else 'NO'}")
         passed = ok and summary and same and real
         print(f"{int(passed)} passed, {int(not passed)} failed")
