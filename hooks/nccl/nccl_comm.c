@@ -228,6 +228,9 @@ static ncclResult_t init_rank(ncclComm_t *newcomm, int nranks, const ncclUniqueI
     }
     int blocking;
     ncclResult_t res = parse_config(config, 1, &blocking, call);
+    if (res == ncclSuccess) {
+        res = dshim_nccl_cuda_check_config(rank, call);
+    }
     if (res != ncclSuccess) {
         return res;
     }

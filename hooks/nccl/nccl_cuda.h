@@ -54,13 +54,19 @@ typedef struct dshim_nccl_ipc dshim_nccl_ipc_t;
  * bytes on device buffers, every rank on this host, DSHIM_NCCL_IPC on,
  * kernels for the dtype.  The same answer on every rank for the same call. */
 int dshim_nccl_ipc_eligible(const struct ncclComm *comm, const struct dshim_nccl_op *ops, int n);
+/* NULL when DSHIM_NCCL_IPC_COLLS's value `list` names only known
+ * collectives, else the first unknown item. */
+const char *dshim_nccl_ipc_check_colls(const char *list);
+
 /* Collective, on the application's thread with no batch in flight: *ipc_p
  * set when every rank mapped every scratch, else NULL (reason logged). */
 ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_nccl_cuda_api_t *api, dshim_nccl_ipc_t **ipc_p);
-/* Queues the collective, chunk by chunk, on `stream` and returns: the host
- * does not wait (the barriers between chunks are stream barriers). */
+/* The collective, chunk by chunk, on `stream`.  host_waits = 0: queued with
+ * stream barriers between chunks, returns at once (DSHIM_NCCL_IPC_ASYNC=1);
+ * 1: the calling thread synchronises the stream and runs the barriers,
+ * returning when the result is in place (no batch may be in flight). */
 ncclResult_t dshim_nccl_ipc_enqueue(dshim_nccl_ipc_t *ipc, struct ncclComm *comm, const struct dshim_nccl_op *op,
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, int host_waits);
 /* From nccl_exec_cuda.c: a barrier of the ranks in `stream`'s order (work
  * queued before it completes on every rank before work queued after it
  * starts on any), without blocking the host. */

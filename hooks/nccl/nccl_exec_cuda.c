@@ -33,6 +33,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "config.h"
 #include "engine.h"
 #include "log.h"
 #include "net.h"
@@ -76,6 +77,7 @@ typedef struct dshim_nccl_cuda_state {
     uint32_t next_seq, completed;
     pinned_block_t *free_blocks;
     size_t free_bytes;
+    int hostfn_wait;            /* streams wait in host functions (DSHIM_NCCL_STREAM_WAIT) */
     dshim_nccl_ipc_t *ipc;      /* CUDA IPC among the ranks of this host */
     int ipc_state;              /* 0 not tried yet, 1 ready, -1 unavailable (every rank agrees) */
 } cuda_state_t;
@@ -276,6 +278,7 @@ static void run_task(cuda_state_t *s, cuda_task_t *t)
         return;
     }
     if (t->barrier) {
+        DSHIM_TRACE("proxy: stream barrier %u: its work is done here, waiting for the other ranks", t->seq);
         dshim_status_t st = dshim_barrier(dc);
         if (st != DSHIM_OK && __atomic_load_n(&dc->error, __ATOMIC_ACQUIRE) == DSHIM_OK) {
             dshim_comm_fail(dc, st, dshim_last_error());
@@ -328,6 +331,7 @@ static void *proxy_main(void *arg)
         pthread_mutex_unlock(&s->lock);
         run_task(s, t);
         release_stream(s, t->seq);
+        DSHIM_TRACE("proxy: task %u done, stream released", t->seq);
         pthread_mutex_lock(&s->lock);
         t->next = s->retired;
         s->retired = t;
@@ -366,6 +370,7 @@ static ncclResult_t state_get(struct ncclComm *comm, cuda_state_t **s_p)
         *s_p = comm->cuda;
         return ncclSuccess;
     }
+    const char *how = dshim_config()->nccl_stream_wait;  /* checked at init */
     const dshim_nccl_cuda_api_t *api = dshim_nccl_cuda_api();
     cuda_state_t *s = calloc(1, sizeof(*s));
     if (!api || !s) {
@@ -375,6 +380,7 @@ static ncclResult_t state_get(struct ncclComm *comm, cuda_state_t **s_p)
     }
     s->api = api;
     s->comm = comm;
+    s->hostfn_wait = strcmp(how, "hostfn") == 0;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     void *flag = NULL;
@@ -477,7 +483,7 @@ static ncclResult_t stream_wait_flag(cuda_state_t *s, cudaStream_t stream, uint3
 {
     const dshim_nccl_cuda_api_t *a = s->api;
     cudaError_t e;
-    if (a->StreamWaitValue32) {
+    if (a->StreamWaitValue32 && !s->hostfn_wait) {
         int r = a->StreamWaitValue32((void *)stream, (unsigned long long)(uintptr_t)s->flag_dev, seq,
                                      0 /* CU_STREAM_WAIT_VALUE_GEQ, cyclic */);
         if (r != 0) {
@@ -530,6 +536,24 @@ static ncclResult_t enqueue_after_proxy(cuda_state_t *s, cuda_task_t *t, const d
     return ncclSuccess;
 }
 
+/* The CUDA executor's settings, checked when a communicator is made (also
+ * on hosts without CUDA, so that a typo shows before the first GPU op). */
+ncclResult_t dshim_nccl_cuda_check_config(int rank, const char *call)
+{
+    const char *how = dshim_config()->nccl_stream_wait;
+    if (strcmp(how, "auto") != 0 && strcmp(how, "memop") != 0 && strcmp(how, "hostfn") != 0) {
+        return dshim_nccl_fail(ncclInvalidUsage, call, "rank %d: DSHIM_NCCL_STREAM_WAIT='%s' is not one of auto, "
+                               "memop, hostfn; fix or unset it", rank, how);
+    }
+    const char *bad = dshim_nccl_ipc_check_colls(dshim_config()->nccl_ipc_colls);
+    if (bad) {
+        return dshim_nccl_fail(ncclInvalidUsage, call, "rank %d: DSHIM_NCCL_IPC_COLLS names '%s', not one of "
+                               "allreduce, reduce, broadcast, allgather, reduce_scatter, all; fix or unset it", rank,
+                               bad);
+    }
+    return ncclSuccess;
+}
+
 /* Hands a task to the proxy, in call order with the batches. */
 static uint32_t queue_task(cuda_state_t *s, cuda_task_t *t)
 {
@@ -573,6 +597,7 @@ ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t 
         return res;
     }
     uint32_t seq = queue_task(s, t);
+    DSHIM_TRACE("stream barrier %u queued on stream %p", seq, (void *)stream);
     ncclResult_t res = stream_wait_flag(s, stream, seq);
     __atomic_store_n(&t->enqueued, 1, __ATOMIC_RELEASE);
     return res;
@@ -600,10 +625,17 @@ static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int 
         }
         s->ipc_state = s->ipc ? 1 : -1;
     }
+    DSHIM_TRACE("cuda batch: %d op(s), first kind %d, %zu elements of dtype %d, root %d, stream %p", n,
+                (int)ops[0].kind, ops[0].count, (int)ops[0].dtype, ops[0].root, (void *)stream);
     if (s->ipc_state == 1 && dshim_nccl_ipc_eligible(comm, ops, n)) {
-        /* queued on the caller's stream; its barriers go through the proxy
-         * in order with the staged batches */
-        return dshim_nccl_ipc_enqueue(s->ipc, comm, &ops[0], stream);
+        if (dshim_config()->nccl_ipc_async) {
+            /* queued on the caller's stream; its barriers go through the
+             * proxy in order with the staged batches */
+            return dshim_nccl_ipc_enqueue(s->ipc, comm, &ops[0], stream, 0);
+        }
+        /* on this thread, after the batches before it (nccl_ipc.c) */
+        cuda_drain(comm);
+        return dshim_nccl_ipc_enqueue(s->ipc, comm, &ops[0], stream, 1);
     }
     cuda_task_t *t = calloc(1, sizeof(*t));
     if (!t || !(t->ops = malloc((size_t)n * sizeof(*t->ops))) ||

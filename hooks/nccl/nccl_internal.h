@@ -221,4 +221,8 @@ int dshim_nccl_cuda_current_device(void);
 dshim_status_t dshim_nccl_cuda_malloc(void **ptr, size_t size);
 dshim_status_t dshim_nccl_cuda_free(void *ptr);
 
+/* nccl_exec_cuda.c: DSHIM_NCCL_STREAM_WAIT and DSHIM_NCCL_IPC_COLLS are valid
+ * (else the error), checked at communicator init on every host. */
+ncclResult_t dshim_nccl_cuda_check_config(int rank, const char *call);
+
 #endif

@@ -86,6 +86,51 @@ static int on_device(const void *p, size_t bytes)
     return bytes == 0 || dshim_nccl_cuda_memtype(p) == cudaMemoryTypeDevice;
 }
 
+static const char *const kind_names[] = {
+    [DSHIM_NCCL_ALLREDUCE] = "allreduce", [DSHIM_NCCL_REDUCE] = "reduce", [DSHIM_NCCL_BROADCAST] = "broadcast",
+    [DSHIM_NCCL_ALLGATHER] = "allgather", [DSHIM_NCCL_REDUCE_SCATTER] = "reduce_scatter",
+};
+
+/* Is `name` an item of the comma-separated `list` (or is the list "all")? */
+static int listed(const char *list, const char *name)
+{
+    if (strcmp(list, "all") == 0) {
+        return 1;
+    }
+    size_t len = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n == len && strncmp(p, name, len) == 0) {
+            return 1;
+        }
+        p += n + (end ? 1 : 0);
+    }
+    return 0;
+}
+
+const char *dshim_nccl_ipc_check_colls(const char *list)
+{
+    if (strcmp(list, "all") == 0) {
+        return NULL;
+    }
+    static _Thread_local char bad[64];
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        int known = 0;
+        for (size_t k = 0; k < sizeof(kind_names) / sizeof(kind_names[0]); k++) {
+            known |= kind_names[k] && strlen(kind_names[k]) == n && strncmp(p, kind_names[k], n) == 0;
+        }
+        if (!known) {
+            snprintf(bad, sizeof(bad), "%.*s", (int)(n < 40 ? n : 40), p);
+            return bad;
+        }
+        p += n + (end ? 1 : 0);
+    }
+    return NULL;
+}
+
 int dshim_nccl_ipc_eligible(const struct ncclComm *comm, const dshim_nccl_op_t *ops, int n)
 {
     const dshim_nccl_op_t *o = &ops[0];
@@ -101,6 +146,9 @@ int dshim_nccl_ipc_eligible(const struct ncclComm *comm, const dshim_nccl_op_t *
     case DSHIM_NCCL_REDUCE_SCATTER:
         break;
     default:
+        return 0;
+    }
+    if (!listed(dshim_config()->nccl_ipc_colls, kind_names[o->kind])) {
         return 0;
     }
     /* the same count on every rank, so the same answer: below the threshold
@@ -270,6 +318,7 @@ typedef struct ipc_run {
     const dshim_nccl_op_t *o;
     cudaStream_t stream;
     size_t esz;
+    int host_waits;        /* barriers on this thread (see barrier()) */
 } ipc_run_t;
 
 static ncclResult_t ipc_fail_cuda(const dshim_nccl_ipc_t *ipc, cudaError_t e, const char *what)
@@ -367,10 +416,25 @@ static ncclResult_t use(const ipc_run_t *r, int slot, size_t off, size_t cnt)
     }
 }
 
-ncclResult_t dshim_nccl_ipc_enqueue(dshim_nccl_ipc_t *ipc, struct ncclComm *comm, const dshim_nccl_op_t *o,
-                                    cudaStream_t stream)
+/* Every rank's work queued on its stream so far is done before any rank's
+ * work queued after this starts. */
+static ncclResult_t barrier(const ipc_run_t *r)
 {
-    ipc_run_t r = {ipc, comm, o, stream, dshim_dtype_size(o->dtype)};
+    if (!r->host_waits) {
+        return dshim_nccl_cuda_stream_barrier(r->comm, r->stream);
+    }
+    cudaError_t e = r->ipc->api->StreamSynchronize(r->stream);
+    if (e != cudaSuccess) {
+        return ipc_fail_cuda(r->ipc, e, "cudaStreamSynchronize");
+    }
+    dshim_status_t st = dshim_barrier(r->comm->dc);
+    return st == DSHIM_OK ? ncclSuccess : dshim_nccl_from_dshim(st, "NCCL collective (CUDA IPC)");
+}
+
+ncclResult_t dshim_nccl_ipc_enqueue(dshim_nccl_ipc_t *ipc, struct ncclComm *comm, const dshim_nccl_op_t *o,
+                                    cudaStream_t stream, int host_waits)
+{
+    ipc_run_t r = {ipc, comm, o, stream, dshim_dtype_size(o->dtype), host_waits};
     /* elements per chunk: a reduce-scatter's slot holds every rank's block */
     size_t per = ipc->chunk / r.esz;
     if (o->kind == DSHIM_NCCL_REDUCE_SCATTER) {
@@ -387,14 +451,14 @@ ncclResult_t dshim_nccl_ipc_enqueue(dshim_nccl_ipc_t *ipc, struct ncclComm *comm
         const size_t cnt = o->count - off < per ? o->count - off : per;
         res = fill(&r, slot, off, cnt);
         if (res == ncclSuccess) {
-            res = dshim_nccl_cuda_stream_barrier(comm, stream);
+            res = barrier(&r);
         }
         if (res == ncclSuccess) {
             res = use(&r, slot, off, cnt);
         }
     }
     if (res == ncclSuccess) {
-        res = dshim_nccl_cuda_stream_barrier(comm, stream);  /* nobody reads a slot any more */
+        res = barrier(&r);  /* nobody reads a slot any more */
     }
     return res;
 }

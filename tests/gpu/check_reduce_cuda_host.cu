@@ -45,7 +45,7 @@ template <typename S> void host_scale(void *buf, size_t n, int divisor)
     for (size_t i = 0; i < n; i++) {
         T x;
         memcpy(&x, (char *)buf + i * sizeof(T), sizeof(T));
-        x = S::apply(x, divisor);
+        x = S::apply(x, divisor, rc_recip(divisor));
         memcpy((char *)buf + i * sizeof(T), &x, sizeof(T));
     }
 }

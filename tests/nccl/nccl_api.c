@@ -930,6 +930,23 @@ static int body_init_fail(int rank, int n, int port, void *arg)
     return g_fail ? 1 : 0;
 }
 
+/* --- scenario: a bad DSHIM_NCCL_* value (set by ctest) fails the init ------ */
+
+static int body_bad_env(int rank, int n, int port, void *arg)
+{
+    (void)port, (void)arg, (void)n;
+    g_rank = rank;
+    ncclUniqueId id;
+    NCCLOK(ncclGetUniqueId(&id));
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommInitRank(&comm, 1, id, 0);
+    const char *msg = ncclGetLastError(NULL);
+    CHECK(r == ncclInvalidUsage && comm == NULL, "init with a bad setting returned %d", (int)r);
+    CHECK(strstr(msg, "DSHIM_NCCL_") && strstr(msg, "fix or unset it"), "the error names the variable: %s", msg);
+    fprintf(stderr, "rank %d: init refused as expected: %s\n", rank, msg);
+    return g_fail ? 1 : 0;
+}
+
 /* --- scenario: error paths (one rank) ------------------------------------- */
 
 /* host functions of nccl_device.h (a C++ header): prototypes by ABI */
@@ -1049,6 +1066,7 @@ static const scenario_t scenarios[] = {
     {"collectives", body_collectives, 0}, {"groups", body_groups, 0},   {"split", body_split, 0},
     {"nonblocking", body_nonblocking, 0}, {"initall", body_initall, 0}, {"abort", body_abort, 0},
     {"killed", body_killed, 1},           {"init_fail", body_init_fail, 0},           {"exit_clean", body_exit_clean, 0}, {"errors", body_errors, 0},
+    {"bad_env", body_bad_env, 0},
 };
 
 static void cleanup_dir(void)

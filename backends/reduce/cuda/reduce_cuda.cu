@@ -119,17 +119,18 @@ rc_reduce_kernel(void *dst, const void *a, const void *b, size_t n, int mode)
     }
 }
 
-/* buf[i] = S::apply(buf[i], divisor) for i < n */
+/* buf[i] = S::apply(buf[i], divisor, 1 / divisor) for i < n */
 template <typename S>
 __global__ void __launch_bounds__(kThreads)
 rc_scale_kernel(void *buf, size_t n, int divisor, int mode)
 {
     typedef typename S::TT T;
+    const float r = rc_recip(divisor);
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (mode == RC_BYTES) {
         for (; i < n; i += stride) {
-            rc_store_bytes<T>(buf, i, S::apply(rc_load_bytes<T>(buf, i), divisor));
+            rc_store_bytes<T>(buf, i, S::apply(rc_load_bytes<T>(buf, i), divisor, r));
         }
         return;
     }
@@ -150,7 +151,7 @@ rc_scale_kernel(void *buf, size_t n, int divisor, int mode)
             for (int u = 0; u < kUnroll; u++) {
 #pragma unroll
                 for (int j = 0; j < per; j++) {
-                    vb[u].e[j] = S::apply(vb[u].e[j], divisor);
+                    vb[u].e[j] = S::apply(vb[u].e[j], divisor, r);
                 }
                 pv[v + u * stride] = vb[u].v;
             }
@@ -160,14 +161,14 @@ rc_scale_kernel(void *buf, size_t n, int divisor, int mode)
             vb.v = pv[v];
 #pragma unroll
             for (int j = 0; j < per; j++) {
-                vb.e[j] = S::apply(vb.e[j], divisor);
+                vb.e[j] = S::apply(vb.e[j], divisor, r);
             }
             pv[v] = vb.v;
         }
         done = nvec * per;
     }
     for (i += done; i < n; i += stride) {
-        p[i] = S::apply(p[i], divisor);
+        p[i] = S::apply(p[i], divisor, r);
     }
 }
 

@@ -283,20 +283,26 @@ template <typename C, typename F> struct rc_nfused {
 /* ---- scale_div (AVG): x / divisor, divisor >= 2 --------------------------- */
 
 /* Integers truncate toward zero, in the type the CPU divides in (DT). */
+/* The r every scale apply() takes: RN(1 / d), one IEEE division per thread. */
+RC_HD float rc_recip(int d)
+{
+    return 1.0f / (float)d;
+}
+
 template <typename T, typename DT> struct rc_iscale {
     typedef T TT;
-    static RC_HD T apply(T x, int d) { return (T)((DT)x / (DT)d); }
+    static RC_HD T apply(T x, int d, float) { return (T)((DT)x / (DT)d); }
 };
 template <typename T> struct rc_fscale {
     typedef T TT;
-    static RC_HD T apply(T x, int d);
+    static RC_HD T apply(T x, int d, float);
 };
-template <> RC_HD float rc_fscale<float>::apply(float x, int d)
+template <> RC_HD float rc_fscale<float>::apply(float x, int d, float)
 {
     float fd = (float)d;
     return rc_nan_f32(x / fd, x, fd);
 }
-template <> RC_HD double rc_fscale<double>::apply(double x, int d)
+template <> RC_HD double rc_fscale<double>::apply(double x, int d, float)
 {
     double fd = (double)d;
     return rc_nan_f64(x / fd, x, fd);
@@ -311,24 +317,24 @@ template <> RC_HD double rc_fscale<double>::apply(double x, int d)
  * where the theorem's assumptions surely hold (finite x far from the
  * subnormal and overflow ranges); elsewhere, and for NaN's bits, the plain
  * division.  The host test compares every float16 and bfloat16 value
- * divided by 2..64 and more with the CPU's x / d.  1 / d is loop-invariant:
- * the compiler hoists it out of the kernels' loops.
+ * divided by 2..64 and more with the CPU's x / d.  r = RN(1 / d) comes from
+ * the caller (rc_recip), once per kernel: computed here it was a division per
+ * element again (the first version gained nothing on the H100).
  */
-RC_HD float rc_div_by_int(float x, int d)
+RC_HD float rc_div_by_int(float x, int d, float r)
 {
     const float fd = (float)d;
     const float ax = fabsf(x);
     if (!(ax >= 0x1p-100f && ax <= 0x1p100f)) {
-        return rc_fscale<float>::apply(x, d);
+        return rc_fscale<float>::apply(x, d, r);
     }
-    const float r = 1.0f / fd;
     const float q = x * r;
     const float rem = fmaf(-q, fd, x);
     return fmaf(rem, r, q);
 }
 template <typename C> struct rc_nscale {
     typedef typename C::T TT;
-    static RC_HD TT apply(TT x, int d) { return C::narrow(rc_div_by_int(C::widen(x), d)); }
+    static RC_HD TT apply(TT x, int d, float r) { return C::narrow(rc_div_by_int(C::widen(x), d, r)); }
 };
 
 /* ---- which operation each dtype uses ------------------------------------- */
