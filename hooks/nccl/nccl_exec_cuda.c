@@ -258,12 +258,20 @@ static void run_task(cuda_state_t *s, cuda_task_t *t)
 {
     long backoff = 1;
     cudaError_t e;
+    double t0 = dshim_now(), said = t0;
     while ((e = s->api->EventQuery(t->ready)) == cudaErrorNotReady) {
         if (__atomic_load_n(&s->aborting, __ATOMIC_ACQUIRE)) {
             return;
         }
         sleep_us(backoff);  /* polled, not cudaEventSynchronize: an abort must stop the wait */
         backoff = backoff < 100 ? backoff * 2 : 100;
+        /* a stream that never gets here is a hang in the making: say so (the
+         * queries keep returning, so it is the GPU that does not move on) */
+        if (dshim_now() - said > 10) {
+            said = dshim_now();
+            DSHIM_WARN("rank %d: task %u (%s): its stream has not reached it after %.0f s", s->comm->rank, t->seq,
+                       t->barrier ? "CUDA IPC stream barrier" : "staged batch", said - t0);
+        }
     }
     dshim_comm_t *dc = s->comm->dc;
     if (e != cudaSuccess) {
