@@ -69,8 +69,9 @@ ncclResult_t dshim_nccl_ipc_enqueue(dshim_nccl_ipc_t *ipc, struct ncclComm *comm
                                     cudaStream_t stream, int host_waits);
 /* From nccl_exec_cuda.c: a barrier of the ranks in `stream`'s order (work
  * queued before it completes on every rank before work queued after it
- * starts on any), without blocking the host. */
-ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t stream);
+ * starts on any), without blocking the host.  new_work = 0: nothing was
+ * queued on the stream since this caller's previous stream barrier. */
+ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t stream, int new_work);
 void dshim_nccl_ipc_free(dshim_nccl_ipc_t *ipc);
 
 #endif

@@ -257,9 +257,9 @@ static void release_stream(cuda_state_t *s, uint32_t seq)
 static void run_task(cuda_state_t *s, cuda_task_t *t)
 {
     long backoff = 1;
-    cudaError_t e;
+    cudaError_t e = cudaSuccess;
     double t0 = dshim_now(), said = t0;
-    while ((e = s->api->EventQuery(t->ready)) == cudaErrorNotReady) {
+    while (t->ready && (e = s->api->EventQuery(t->ready)) == cudaErrorNotReady) {
         if (__atomic_load_n(&s->aborting, __ATOMIC_ACQUIRE)) {
             return;
         }
@@ -267,7 +267,7 @@ static void run_task(cuda_state_t *s, cuda_task_t *t)
         backoff = backoff < 100 ? backoff * 2 : 100;
         /* a stream that never gets here is a hang in the making: say so (the
          * queries keep returning, so it is the GPU that does not move on) */
-        if (dshim_now() - said > 10) {
+        if (dshim_now() - said > 30) {
             said = dshim_now();
             DSHIM_WARN("rank %d: task %u (%s): its stream has not reached it after %.0f s", s->comm->rank, t->seq,
                        t->barrier ? "CUDA IPC stream barrier" : "staged batch", said - t0);
@@ -587,7 +587,7 @@ static uint32_t queue_task(cuda_state_t *s, cuda_task_t *t)
  * it: the communicator's asynchronous error) and releases the stream.
  * Nothing waits on the host.
  */
-ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t stream)
+ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t stream, int new_work)
 {
     cuda_state_t *s = comm->cuda;
     cuda_task_t *t = calloc(1, sizeof(*t));
@@ -595,9 +595,15 @@ ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t 
         return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
     }
     t->barrier = 1;
-    cudaError_t e = s->api->EventCreateWithFlags(&t->ready, cudaEventDisableTiming);
-    if (e == cudaSuccess) {
-        e = s->api->EventRecord(t->ready, stream);
+    cudaError_t e = cudaSuccess;
+    if (new_work) {
+        /* without new work the proxy has nothing to wait for here: the
+         * previous barrier's event covered it (and an event right behind a
+         * stream wait is the pattern of the H100 hang, docs/nccl.md) */
+        e = s->api->EventCreateWithFlags(&t->ready, cudaEventDisableTiming);
+        if (e == cudaSuccess) {
+            e = s->api->EventRecord(t->ready, stream);
+        }
     }
     if (e != cudaSuccess) {
         ncclResult_t res = cuda_fail(s, e, "cudaEventRecord (CUDA IPC barrier)");

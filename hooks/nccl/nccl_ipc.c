@@ -319,6 +319,7 @@ typedef struct ipc_run {
     cudaStream_t stream;
     size_t esz;
     int host_waits;        /* barriers on this thread (see barrier()) */
+    int queued;            /* stream work queued since the last barrier */
 } ipc_run_t;
 
 static ncclResult_t ipc_fail_cuda(const dshim_nccl_ipc_t *ipc, cudaError_t e, const char *what)
@@ -333,18 +334,20 @@ static char *slot_of(const dshim_nccl_ipc_t *ipc, int p, int slot)
     return (char *)ipc->src[p] + (size_t)slot * ipc->chunk;
 }
 
-static ncclResult_t copy(const ipc_run_t *r, void *dst, const void *src, size_t bytes)
+static ncclResult_t copy(ipc_run_t *r, void *dst, const void *src, size_t bytes)
 {
     if (dst == src || bytes == 0) {
         return ncclSuccess;
     }
+    r->queued = 1;
     cudaError_t e = r->ipc->api->MemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, r->stream);
     return e == cudaSuccess ? ncclSuccess : ipc_fail_cuda(r->ipc, e, "cudaMemcpyAsync");
 }
 
 /* out = slot_0[at] op slot_1[at] op ... (then / n for AVG), cnt elements. */
-static ncclResult_t reduce_slots(const ipc_run_t *r, void *out, int slot, size_t at, size_t cnt)
+static ncclResult_t reduce_slots(ipc_run_t *r, void *out, int slot, size_t at, size_t cnt)
 {
+    r->queued = 1;
     const dshim_nccl_ipc_t *ipc = r->ipc;
     const dshim_redop_t op = r->o->op == DSHIM_AVG ? DSHIM_SUM : r->o->op;
     dshim_status_t st = ipc->red->reduce(out, slot_of(ipc, 0, slot) + at, slot_of(ipc, 1, slot) + at, cnt,
@@ -359,7 +362,7 @@ static ncclResult_t reduce_slots(const ipc_run_t *r, void *out, int slot, size_t
 }
 
 /* My part of chunk [off, off+cnt) into my slot. */
-static ncclResult_t fill(const ipc_run_t *r, int slot, size_t off, size_t cnt)
+static ncclResult_t fill(ipc_run_t *r, int slot, size_t off, size_t cnt)
 {
     const dshim_nccl_op_t *o = r->o;
     const dshim_nccl_ipc_t *ipc = r->ipc;
@@ -383,7 +386,7 @@ static ncclResult_t fill(const ipc_run_t *r, int slot, size_t off, size_t cnt)
 }
 
 /* What this rank makes of chunk [off, off+cnt) once every slot is filled. */
-static ncclResult_t use(const ipc_run_t *r, int slot, size_t off, size_t cnt)
+static ncclResult_t use(ipc_run_t *r, int slot, size_t off, size_t cnt)
 {
     const dshim_nccl_op_t *o = r->o;
     const dshim_nccl_ipc_t *ipc = r->ipc;
@@ -418,10 +421,12 @@ static ncclResult_t use(const ipc_run_t *r, int slot, size_t off, size_t cnt)
 
 /* Every rank's work queued on its stream so far is done before any rank's
  * work queued after this starts. */
-static ncclResult_t barrier(const ipc_run_t *r)
+static ncclResult_t barrier(ipc_run_t *r)
 {
     if (!r->host_waits) {
-        return dshim_nccl_cuda_stream_barrier(r->comm, r->stream);
+        int new_work = r->queued;
+        r->queued = 0;
+        return dshim_nccl_cuda_stream_barrier(r->comm, r->stream, new_work);
     }
     cudaError_t e = r->ipc->api->StreamSynchronize(r->stream);
     if (e != cudaSuccess) {
@@ -434,7 +439,8 @@ static ncclResult_t barrier(const ipc_run_t *r)
 ncclResult_t dshim_nccl_ipc_enqueue(dshim_nccl_ipc_t *ipc, struct ncclComm *comm, const dshim_nccl_op_t *o,
                                     cudaStream_t stream, int host_waits)
 {
-    ipc_run_t r = {ipc, comm, o, stream, dshim_dtype_size(o->dtype), host_waits};
+    /* queued = 1: the caller's earlier work on the stream comes first too */
+    ipc_run_t r = {ipc, comm, o, stream, dshim_dtype_size(o->dtype), host_waits, 1};
     /* elements per chunk: a reduce-scatter's slot holds every rank's block */
     size_t per = ipc->chunk / r.esz;
     if (o->kind == DSHIM_NCCL_REDUCE_SCATTER) {
