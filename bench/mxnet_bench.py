@@ -16,6 +16,9 @@ Worker (--worker): kv = mx.kv.create('dist_sync'), then
      throughput = bytes pushed per worker per second;
   2. trainer: Gluon MLP (784-512-512-10, 0.67 M parameters), Trainer(kvstore=kv,
      update_on_kvstore=True, SGD on the servers), batch 64 per worker: samples/s per worker.
+Worker (--worker --mode trainer_big, a job of its own: a Trainer's keys are its parameter
+indices, so two Trainers cannot share one kvstore): the same with a communication-bound
+model, MLP 784-2048-2048-2048-10 (10.5 M parameters, 42 MB of gradients per step), batch 32.
 A value is worker 0's; a table cell the median over repetitions.
 """
 import argparse
@@ -65,11 +68,56 @@ def worker_push_pull(args):
         print("BENCH " + json.dumps(res), flush=True)
 
 
-def worker(args):
+def trainer_rate(kv, rank, layers, batch, steps):
+    """Samples per second of one worker: Gluon MLP `layers` (input 784), Trainer on `kv` with the
+    optimizer on the servers, `steps` timed steps after 3."""
     import numpy as np
     import mxnet as mx
     from mxnet import autograd, gluon
 
+    mx.random.seed(1)
+    net = gluon.nn.HybridSequential()
+    units = 784
+    for width in layers[:-1]:
+        net.add(gluon.nn.Dense(width, activation="relu", in_units=units))
+        units = width
+    net.add(gluon.nn.Dense(layers[-1], in_units=units))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=kv,
+                            update_on_kvstore=True)
+    rng = np.random.RandomState(rank)
+    x = mx.nd.array(rng.randn(batch, 784))
+    y = mx.nd.array(rng.randint(0, layers[-1], batch))
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def step():
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(batch)
+
+    for _ in range(3):
+        step()
+    mx.nd.waitall()
+    kv._barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    mx.nd.waitall()
+    kv._barrier()
+    return steps * batch / (time.perf_counter() - t0)
+
+
+def worker(args):
+    import mxnet as mx
+
+    if args.mode == "trainer_big":
+        kv = mx.kv.create("dist_sync")
+        res = {"rank": kv.rank, "trainer_big": trainer_rate(kv, kv.rank, [2048, 2048, 2048, 10], 32, args.steps)}
+        if kv.rank == 0:
+            print("BENCH " + json.dumps(res), flush=True)
+        return
     if args.mode != "default":
         worker_push_pull(args)
         return
@@ -95,35 +143,7 @@ def worker(args):
         kv._barrier()
         dt = time.perf_counter() - t0
         res["pushpull"]["%dx%d" % (nkeys, n)] = args.iters * nkeys * n * 4 / dt
-    mx.random.seed(1)
-    net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(512, activation="relu", in_units=784), gluon.nn.Dense(512, activation="relu"),
-            gluon.nn.Dense(10))
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=kv,
-                            update_on_kvstore=True)
-    rng = np.random.RandomState(rank)
-    x = mx.nd.array(rng.randn(64, 784))
-    y = mx.nd.array(rng.randint(0, 10, 64))
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-
-    def step():
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
-        trainer.step(64)
-
-    for _ in range(3):
-        step()
-    mx.nd.waitall()
-    kv._barrier()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    mx.nd.waitall()
-    kv._barrier()
-    res["trainer"] = args.steps * 64 / (time.perf_counter() - t0)
+    res["trainer"] = trainer_rate(kv, rank, [512, 512, 10], 64, args.steps)
     if rank == 0:
         print("BENCH " + json.dumps(res), flush=True)
 
@@ -132,7 +152,7 @@ def run_job(args, impl, mode="default"):
     cmd = shlex.split(args.wrap) + [args.run] + (["--no-preload"] if impl == "pslite" else []) + \
         shlex.split(args.launch_args) + [
         "-n", "2", "-s", "2", args.python, os.path.abspath(__file__), "--worker", "--mode", mode,
-        "--iters", str(args.iters), "--steps", str(args.steps)]
+        "--iters", str(args.iters), "--steps", str(args.steps_big if mode == "trainer_big" else args.steps)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "MXNET_"))}
     env["OMP_NUM_THREADS"] = "1"
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
@@ -166,6 +186,12 @@ def report(args, runs):
     m, lo, hi = ratios(g)
     rows.append("| Gluon Trainer dist_sync, MLP 0.67 M params, batch 64 | %.0f samples/s | %.0f samples/s | "
                 "**%.2f** [%.2f..%.2f] |" % (med("dshim", g), med("pslite", g), m, lo, hi))
+    if all("trainer_big" in r for impl in runs for r in runs[impl]):
+        g = (lambda r: r["trainer_big"])
+        m, lo, hi = ratios(g)
+        rows.append("| Gluon Trainer dist_sync, MLP 10.5 M params (42 MB of gradients per step), batch 32 | "
+                    "%.0f samples/s | %.0f samples/s | **%.2f** [%.2f..%.2f] |" % (
+                        med("dshim", g), med("pslite", g), m, lo, hi))
     try:
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], stdout=subprocess.PIPE,
                                 text=True).stdout.strip()
@@ -188,8 +214,8 @@ def report(args, runs):
         "Method: one job per implementation and repetition. Pushpull: each round calls `kv.pushpull(key, grad)` "
         "once per key, as Gluon's Trainer does, between two `kv._barrier()`; throughput is the bytes one worker "
         "pushes per second (it pulls as many). Trainer: samples per second of one worker, optimizer on the "
-        "servers. Cells: worker 0's value, median over repetitions; the ratio's range over repetitions in "
-        "brackets.", "",
+        "servers; the 10.5 M-parameter Trainer runs in a job of its own (%d timed steps after 3). Cells: worker 0's value, median over repetitions; the ratio's range over repetitions in "
+        "brackets." % args.steps_big, "",
         "| metric | dshim | ps-lite | dshim/ps-lite [range] |", "|---|---:|---:|---|"] + rows + [""])
     old = open(args.out).read() if os.path.exists(args.out) else ""
     if section in old:
@@ -258,6 +284,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps-big", type=int, default=15, help="timed steps of the 10.5 M-parameter Trainer")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--python", default=os.path.join(ROOT, ".venv-mxnet", "bin", "python"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
@@ -281,6 +308,7 @@ def main():
         order = ["pslite", "dshim"] if rep % 2 == 0 else ["dshim", "pslite"]
         for impl in order:
             r = run_job(args, impl)
+            r.update(run_job(args, impl, "trainer_big"))
             runs[impl].append(r)
             print("rep %d %s: %s" % (rep, impl, json.dumps(r)), file=sys.stderr, flush=True)
     report(args, runs)

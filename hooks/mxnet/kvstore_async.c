@@ -35,7 +35,8 @@ typedef struct async_op {
     int parts_left;
     int failed;
     engine_cb_t cb;
-    char *buf;
+    char *buf;           /* the sum sent and the answer, unless direct */
+    int direct;          /* one array in, one out: sent from and answered into their own memory */
 } async_op_t;
 
 static int is_cpu(NDArrayHandle h)
@@ -75,7 +76,7 @@ static void finish(async_op_t *op)
 {
     dshim_mxkv_t *kv = op->kv;
     size_t bytes = op->n * dshim_ps_dtype_size(op->dtype);
-    if (!op->failed) {
+    if (!op->failed && !op->direct) {
         for (int i = 0; i < op->nouts; i++) {
             void *p = NULL;
             if (MX()->MXNDArrayGetData(op->outs[i], &p) == 0 && p != NULL) {
@@ -105,6 +106,12 @@ static void part_done(void *arg, int ok)
     }
 }
 
+static void *data_of(NDArrayHandle h)
+{
+    void *p = NULL;
+    return MX()->MXNDArrayGetData(h, &p) == 0 ? p : NULL;
+}
+
 /* runs on an engine thread once the pushed arrays are ready */
 static void engine_fn(void *rctx, void *on_complete, void *param)
 {
@@ -114,7 +121,17 @@ static void engine_fn(void *rctx, void *on_complete, void *param)
     op->cb = *(engine_cb_t *)on_complete;
     size_t es = dshim_ps_dtype_size(op->dtype);
     int ok = 1;
-    for (int i = 0; i < op->nvals && ok; i++) {
+    char *send = op->buf, *recv = op->buf;
+    if (op->direct) {
+        /* no copies (Gluon's Trainer: one gradient, one weight per call):
+         * the engine keeps the gradient unwritten and the weight unread
+         * until this operation completes, and the servers answer only after
+         * the whole push arrived, so the memory may be the same */
+        send = data_of(op->vals[0]);
+        recv = data_of(op->outs[0]);
+        ok = send != NULL && recv != NULL;
+    }
+    for (int i = 0; i < op->nvals && ok && !op->direct; i++) {
         void *p = NULL;
         ok = MX()->MXNDArrayGetData(op->vals[i], &p) == 0 && p != NULL;
         if (ok && i == 0) {
@@ -133,9 +150,9 @@ static void engine_fn(void *rctx, void *on_complete, void *param)
     }
     op->parts_left = np + 1; /* +1: this function's own reference */
     for (int i = 0; i < np; i++) {
-        char *at = op->buf + parts[i].offset * es;
-        if (dshim_ps_worker_push_cb(kv->node, parts[i].server, op->key, op->dtype, at, parts[i].count * es, 1, at,
-                                    parts[i].count * es, part_done, op) != DSHIM_OK) {
+        const size_t at = parts[i].offset * es;
+        if (dshim_ps_worker_push_cb(kv->node, parts[i].server, op->key, op->dtype, send + at, parts[i].count * es, 1,
+                                    recv + at, parts[i].count * es, part_done, op) != DSHIM_OK) {
             set_error(kv, dshim_last_error());
             part_done(op, 0);
         }
@@ -168,12 +185,6 @@ static int slot_cmp(const void *a, const void *b)
     return x->key != y->key ? (x->key < y->key ? -1 : 1) : x->index - y->index;
 }
 
-static void *data_of(NDArrayHandle h)
-{
-    void *p = NULL;
-    return MX()->MXNDArrayGetData(h, &p) == 0 ? p : NULL;
-}
-
 /* one engine operation for one key: vals summed, answer into every out */
 static int submit(dshim_mxkv_t *kv, int key, NDArrayHandle *vals, int nv, NDArrayHandle *outs, int no, int priority)
 {
@@ -194,9 +205,11 @@ static int submit(dshim_mxkv_t *kv, int key, NDArrayHandle *vals, int nv, NDArra
     NDArrayHandle deps_c[nv], deps_m[no];
     void *ptr_m[no];
     int nc = 0, nm = 0;
+    int out_dtype = -1;
+    const int direct = nv == 1 && no == 1 && MX()->MXNDArrayGetDType(outs[0], &out_dtype) == 0 && out_dtype == dtype;
     if (op == NULL || (op->vals = calloc((size_t)nv, sizeof(NDArrayHandle))) == NULL ||
         (op->outs = calloc((size_t)no, sizeof(NDArrayHandle))) == NULL ||
-        (op->buf = malloc(n * dshim_ps_dtype_size(dtype) + 1)) == NULL) {
+        (!direct && (op->buf = malloc(n * dshim_ps_dtype_size(dtype) + 1)) == NULL)) {
         if (op != NULL) {
             free(op->vals);
             free(op->outs);
@@ -206,6 +219,7 @@ static int submit(dshim_mxkv_t *kv, int key, NDArrayHandle *vals, int nv, NDArra
         return -1;
     }
     op->kv = kv;
+    op->direct = direct;
     op->key = key;
     op->dtype = dtype;
     op->n = n;
