@@ -214,19 +214,25 @@ def report(args, runs):
         "Method: one job per implementation and repetition. Pushpull: each round calls `kv.pushpull(key, grad)` "
         "once per key, as Gluon's Trainer does, between two `kv._barrier()`; throughput is the bytes one worker "
         "pushes per second (it pulls as many). Trainer: samples per second of one worker, optimizer on the "
-        "servers; the 10.5 M-parameter Trainer runs in a job of its own (%d timed steps after 3). Cells: worker 0's value, median over repetitions; the ratio's range over repetitions in "
-        "brackets." % args.steps_big, "",
+        "servers; the 10.5 M-parameter Trainer runs in a job of its own (%d timed steps after 3). Cells: "
+        "worker 0's value, median over repetitions; the ratio's range over repetitions in brackets." % args.steps_big, "",
         "| metric | dshim | ps-lite | dshim/ps-lite [range] |", "|---|---:|---:|---|"] + rows + [""])
-    old = open(args.out).read() if os.path.exists(args.out) else ""
+    replace_section(args.out, section, text)
+    print(text)
+
+
+def replace_section(path, section, text):
+    """Puts text (which starts with the section's heading) in place of that section of path, or at
+    its end; the next section keeps one blank line before its heading."""
+    old = open(path).read() if os.path.exists(path) else ""
     if section in old:
         head, rest = old.split(section, 1)
         nxt = rest.find("\n## ")
-        new = head + text + (rest[nxt + 1:] if nxt >= 0 else "")
+        new = head + text.rstrip("\n") + "\n" + ("\n" + rest[nxt + 1:] if nxt >= 0 else "")
     else:
         new = old.rstrip("\n") + ("\n\n" if old else "") + text
-    with open(args.out, "w") as f:
+    with open(path, "w") as f:
         f.write(new)
-    print(text)
 
 
 COMPRESSION_SECTION = "## MXNet dist kvstore: 2-bit compression on a 1 Gbit/s link"
@@ -266,15 +272,7 @@ def compression_driver(args):
         "",
         "| metric | dshim | ps-lite | dshim/ps-lite |", "|---|---:|---:|---|"] + rows + [
         "", "%s" % COMPRESSION_NOTE, ""])
-    old = open(args.out).read() if os.path.exists(args.out) else ""
-    if COMPRESSION_SECTION in old:
-        head, rest = old.split(COMPRESSION_SECTION, 1)
-        nxt = rest.find("\n## ")
-        new = head + text + (rest[nxt + 1:] if nxt >= 0 else "")
-    else:
-        new = old.rstrip("\n") + ("\n\n" if old else "") + text
-    with open(args.out, "w") as f:
-        f.write(new)
+    replace_section(args.out, COMPRESSION_SECTION, text)
     print(text)
 
 
