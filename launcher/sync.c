@@ -28,7 +28,7 @@ typedef struct {
     int status;
     char last_err[400];
     bool have_reason;
-    run_linebuf_t lb;
+    run_linebuf_t lb[2]; /* stdout, stderr: rsync has been seen to exit 11 with nothing on stderr */
 } sync_job_t;
 
 /* rsync ends with a summary ("rsync error: error in file IO (code 11)...");
@@ -43,6 +43,41 @@ static void keep_reason(void *ctx, const char *line, size_t len)
     }
     snprintf(j->last_err, sizeof(j->last_err), "%.*s", (int)len, line);
     j->have_reason = !summary;
+}
+
+/* What rsync's exit code means (rsync(1), EXIT VALUES), for a copy that
+ * failed without saying why. */
+static const char *rsync_code_meaning(int code)
+{
+    switch (code) {
+    case 1: return "syntax or usage error";
+    case 2: return "protocol incompatibility";
+    case 3: return "errors selecting input/output files or dirs";
+    case 5: return "error starting the client-server protocol";
+    case 10: return "error in socket I/O";
+    case 11: return "error in file I/O: the destination could not be created or written";
+    case 12: return "error in the rsync protocol data stream";
+    case 23: return "partial transfer due to error";
+    case 30: return "timeout in data send/receive";
+    case 35: return "timeout waiting for daemon connection";
+    case 255: return "ssh failed: the host cannot be reached or refused the login";
+    default: return "no message";
+    }
+}
+
+/* Reads what is there on one of a job's pipes; closes it at its end. */
+static void drain(sync_job_t *j, int which)
+{
+    int *fd = which ? &j->ch.err_fd : &j->ch.out_fd;
+    char buf[4096];
+    ssize_t r = read(*fd, buf, sizeof(buf));
+    if (r > 0) {
+        run_linebuf_feed(&j->lb[which], buf, (size_t)r, keep_reason, j);
+    } else if (r == 0 || errno != EINTR) {
+        run_linebuf_flush(&j->lb[which], keep_reason, j);
+        close(*fd);
+        *fd = -1;
+    }
 }
 
 int run_sync_dirs(const run_opts_t *o, const char *src, const char *dst)
@@ -97,44 +132,36 @@ int run_sync_dirs(const run_opts_t *o, const char *src, const char *dst)
             }
             exit(RUN_EXIT_USAGE);
         }
-        close(jobs[n].ch.out_fd);
-        jobs[n].ch.out_fd = -1;
         run_strv_free(&argv);
         n++;
     }
     double deadline = dshim_now() + SYNC_TIMEOUT_S;
     int left = n;
     while (left > 0) {
-        struct pollfd pfd[n];
+        struct pollfd pfd[2 * n];
         int np = 0;
-        int map[n];
+        int map[2 * n];
         for (int k = 0; k < n; k++) {
-            if (jobs[k].ch.err_fd >= 0) {
-                map[np] = k;
-                pfd[np++] = (struct pollfd){.fd = jobs[k].ch.err_fd, .events = POLLIN};
+            int fds[2] = {jobs[k].ch.out_fd, jobs[k].ch.err_fd};
+            for (int w = 0; w < 2; w++) {
+                if (fds[w] >= 0) {
+                    map[np] = 2 * k + w;
+                    pfd[np++] = (struct pollfd){.fd = fds[w], .events = POLLIN};
+                }
             }
         }
         if (np > 0) {
             poll(pfd, (nfds_t)np, 200);
             for (int p = 0; p < np; p++) {
                 if (pfd[p].revents) {
-                    sync_job_t *j = &jobs[map[p]];
-                    char buf[4096];
-                    ssize_t r = read(j->ch.err_fd, buf, sizeof(buf));
-                    if (r > 0) {
-                        run_linebuf_feed(&j->lb, buf, (size_t)r, keep_reason, j);
-                    } else if (r == 0 || errno != EINTR) {
-                        run_linebuf_flush(&j->lb, keep_reason, j);
-                        close(j->ch.err_fd);
-                        j->ch.err_fd = -1;
-                    }
+                    drain(&jobs[map[p] / 2], map[p] % 2);
                 }
             }
         } else {
             usleep(50000);
         }
         for (int k = 0; k < n; k++) {
-            if (!jobs[k].done && jobs[k].ch.err_fd < 0 && waitpid(jobs[k].ch.pid, &jobs[k].status, WNOHANG) > 0) {
+            if (!jobs[k].done && jobs[k].ch.err_fd < 0 && jobs[k].ch.out_fd < 0 && waitpid(jobs[k].ch.pid, &jobs[k].status, WNOHANG) > 0) {
                 jobs[k].done = true;
                 left--;
             }
@@ -144,6 +171,13 @@ int run_sync_dirs(const run_opts_t *o, const char *src, const char *dst)
                 if (!jobs[k].done) {
                     kill(-jobs[k].ch.pid, SIGKILL);
                     waitpid(jobs[k].ch.pid, &jobs[k].status, 0);
+                    for (int w = 0; w < 2; w++) {
+                        int *fd = w ? &jobs[k].ch.err_fd : &jobs[k].ch.out_fd;
+                        if (*fd >= 0) {
+                            close(*fd);
+                            *fd = -1;
+                        }
+                    }
                     snprintf(jobs[k].last_err, sizeof(jobs[k].last_err), "timed out after %.0f s", SYNC_TIMEOUT_S);
                     jobs[k].done = true;
                 }
@@ -158,10 +192,13 @@ int run_sync_dirs(const run_opts_t *o, const char *src, const char *dst)
             run_say("error: --sync-dst-dir: rsync of %s/ to %s:%s failed (%s %d: %s); check that the host is "
                     "reachable and %s is writable there", src, jobs[k].host, dst,
                     WIFEXITED(st) ? "exit code" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st),
-                    jobs[k].last_err[0] ? jobs[k].last_err : "no message", dst);
+                    jobs[k].last_err[0] ? jobs[k].last_err
+                                        : WIFEXITED(st) ? rsync_code_meaning(WEXITSTATUS(st)) : "no message",
+                    dst);
             bad++;
         }
-        run_linebuf_free(&jobs[k].lb);
+        run_linebuf_free(&jobs[k].lb[0]);
+        run_linebuf_free(&jobs[k].lb[1]);
     }
     free(jobs);
     return bad ? -1 : 0;

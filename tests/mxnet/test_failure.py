@@ -32,10 +32,14 @@ def test_by_hand_recipe_equals_pslite(tmp_path):
     assert_params_equal(tmp_path / "pslite", tmp_path / "dshim")
 
 
-def _wait_for(path, timeout=60):
+def _wait_for(job, path, timeout=60):
+    """Until the worker has written path (right after its kvstore exists); on timeout, fails with
+    every process's exit status and log (a CI run once timed out here with no clue why)."""
     deadline = time.time() + timeout
     while not path.exists():
-        assert time.time() < deadline, "no %s" % path
+        if time.time() >= deadline:
+            codes = {n: p.poll() for n, p in job.procs.items()}
+            pytest.fail("no %s after %d s; exit codes %s\n%s" % (path, timeout, codes, job.logs()))
         time.sleep(0.1)
     time.sleep(0.2)
 
@@ -58,7 +62,7 @@ def _kill_and_watch(job, victim_pid, victim_name):
 def test_worker_killed_mid_training(tmp_path):
     job = ByHand("gluon_trainer.py", tmp_path, "--steps", 5000, "--sleep", 0.01)
     try:
-        _wait_for(tmp_path / "pid_worker1")
+        _wait_for(job, tmp_path / "pid_worker1")
         time.sleep(1.0)
         pid = int((tmp_path / "pid_worker1").read_text())
         assert pid in [p.pid for p in job.procs.values()]
@@ -72,7 +76,7 @@ def test_worker_killed_mid_training(tmp_path):
 def test_server_killed_mid_training(tmp_path):
     job = ByHand("gluon_trainer.py", tmp_path, "--steps", 5000, "--sleep", 0.01)
     try:
-        _wait_for(tmp_path / "pid_worker0")
+        _wait_for(job, tmp_path / "pid_worker0")
         time.sleep(1.0)
         pid = job.procs["server1"].pid
         elapsed = _kill_and_watch(job, pid, "pid %d" % pid)
@@ -84,7 +88,7 @@ def test_server_killed_mid_training(tmp_path):
 def test_scheduler_killed(tmp_path):
     job = ByHand("gluon_trainer.py", tmp_path, "--steps", 5000, "--sleep", 0.01)
     try:
-        _wait_for(tmp_path / "pid_worker0")
+        _wait_for(job, tmp_path / "pid_worker0")
         time.sleep(0.5)
         _kill_and_watch(job, job.procs["scheduler"].pid, "lost the scheduler")
     finally:
@@ -95,8 +99,8 @@ def test_get_num_dead_node(tmp_path):
     """MXKVStoreGetNumDeadNode reports the killed worker (ps-lite: 0 without heartbeats)."""
     job = ByHand("dead_node.py", tmp_path)
     try:
-        _wait_for(tmp_path / "pid_worker1")
-        _wait_for(tmp_path / "pid_worker0")
+        _wait_for(job, tmp_path / "pid_worker1")
+        _wait_for(job, tmp_path / "pid_worker0")
         time.sleep(0.5)
         os.kill(int((tmp_path / "pid_worker1").read_text()), signal.SIGKILL)
         job.wait(30)
