@@ -19,6 +19,8 @@ Worker (--worker): kv = mx.kv.create('dist_sync'), then
 Worker (--worker --mode trainer_big, a job of its own: a Trainer's keys are its parameter
 indices, so two Trainers cannot share one kvstore): the same with a communication-bound
 model, MLP 784-2048-2048-2048-10 (10.5 M parameters, 42 MB of gradients per step), batch 32.
+Worker (--mode trainer_local, a job of its own): the 0.67 M Trainer with update_on_kvstore=False
+(the servers sum the gradients, each worker runs SGD).
 A value is worker 0's; a table cell the median over repetitions.
 """
 import argparse
@@ -68,9 +70,10 @@ def worker_push_pull(args):
         print("BENCH " + json.dumps(res), flush=True)
 
 
-def trainer_rate(kv, rank, layers, batch, steps):
+def trainer_rate(kv, rank, layers, batch, steps, on_kvstore=True):
     """Samples per second of one worker: Gluon MLP `layers` (input 784), Trainer on `kv` with the
-    optimizer on the servers, `steps` timed steps after 3."""
+    optimizer on the servers (on_kvstore) or on the workers (the servers sum the gradients),
+    `steps` timed steps after 3."""
     import numpy as np
     import mxnet as mx
     from mxnet import autograd, gluon
@@ -85,7 +88,7 @@ def trainer_rate(kv, rank, layers, batch, steps):
     net.initialize(mx.init.Xavier())
     net.hybridize()
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=kv,
-                            update_on_kvstore=True)
+                            update_on_kvstore=on_kvstore)
     rng = np.random.RandomState(rank)
     x = mx.nd.array(rng.randn(batch, 784))
     y = mx.nd.array(rng.randint(0, layers[-1], batch))
@@ -112,9 +115,13 @@ def trainer_rate(kv, rank, layers, batch, steps):
 def worker(args):
     import mxnet as mx
 
-    if args.mode == "trainer_big":
+    if args.mode in ("trainer_big", "trainer_local"):
         kv = mx.kv.create("dist_sync")
-        res = {"rank": kv.rank, "trainer_big": trainer_rate(kv, kv.rank, [2048, 2048, 2048, 10], 32, args.steps)}
+        if args.mode == "trainer_big":
+            rate = trainer_rate(kv, kv.rank, [2048, 2048, 2048, 10], 32, args.steps)
+        else:
+            rate = trainer_rate(kv, kv.rank, [512, 512, 10], 64, args.steps, on_kvstore=False)
+        res = {"rank": kv.rank, args.mode: rate}
         if kv.rank == 0:
             print("BENCH " + json.dumps(res), flush=True)
         return
@@ -186,6 +193,12 @@ def report(args, runs):
     m, lo, hi = ratios(g)
     rows.append("| Gluon Trainer dist_sync, MLP 0.67 M params, batch 64 | %.0f samples/s | %.0f samples/s | "
                 "**%.2f** [%.2f..%.2f] |" % (med("dshim", g), med("pslite", g), m, lo, hi))
+    if all("trainer_local" in r for impl in runs for r in runs[impl]):
+        g = (lambda r: r["trainer_local"])
+        m, lo, hi = ratios(g)
+        rows.append("| Gluon Trainer dist_sync, MLP 0.67 M params, batch 64, update_on_kvstore=False (servers sum, "
+                    "workers update) | %.0f samples/s | %.0f samples/s | **%.2f** [%.2f..%.2f] |" % (
+                        med("dshim", g), med("pslite", g), m, lo, hi))
     if all("trainer_big" in r for impl in runs for r in runs[impl]):
         g = (lambda r: r["trainer_big"])
         m, lo, hi = ratios(g)
@@ -214,7 +227,8 @@ def report(args, runs):
         "Method: one job per implementation and repetition. Pushpull: each round calls `kv.pushpull(key, grad)` "
         "once per key, as Gluon's Trainer does, between two `kv._barrier()`; throughput is the bytes one worker "
         "pushes per second (it pulls as many). Trainer: samples per second of one worker, optimizer on the "
-        "servers; the 10.5 M-parameter Trainer runs in a job of its own (%d timed steps after 3). Cells: "
+        "servers unless the row says otherwise; the other Trainers run in jobs of their own (the 10.5 M one: %d "
+        "timed steps after 3). Cells: "
         "worker 0's value, median over repetitions; the ratio's range over repetitions in brackets." % args.steps_big, "",
         "| metric | dshim | ps-lite | dshim/ps-lite [range] |", "|---|---:|---:|---|"] + rows + [""])
     replace_section(args.out, section, text)
@@ -286,7 +300,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--python", default=os.path.join(ROOT, ".venv-mxnet", "bin", "python"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
-    ap.add_argument("--mode", default="default", help="worker: default, push_pull, push_pull_2bit")
+    ap.add_argument("--mode", default="default",
+                    help="worker: default, trainer_local, trainer_big, push_pull, push_pull_2bit")
     ap.add_argument("--wrap", default="", help="command prefix for dshim-run (e.g. ip netns exec NS env ...)")
     ap.add_argument("--launch-args", default="", help="extra dshim-run options (e.g. -H hosts --launcher ssh)")
     ap.add_argument("--compression", action="store_true",
@@ -306,6 +321,7 @@ def main():
         order = ["pslite", "dshim"] if rep % 2 == 0 else ["dshim", "pslite"]
         for impl in order:
             r = run_job(args, impl)
+            r.update(run_job(args, impl, "trainer_local"))
             r.update(run_job(args, impl, "trainer_big"))
             runs[impl].append(r)
             print("rep %d %s: %s" % (rep, impl, json.dumps(r)), file=sys.stderr, flush=True)
