@@ -46,6 +46,7 @@ typedef struct dshim_ps_env {
     double timeout_s;
     double connect_timeout_s;
     int counters;
+    size_t piece_bytes; /* DSHIM_PS_PIECE: 0 = whole keys */
     int task_id;        /* DMLC_TASK_ID: rank order hint, -1 = none */
     char token[64];     /* DSHIM_JOB_TOKEN: peers must present the same */
 } dshim_ps_env_t;
@@ -101,6 +102,15 @@ typedef void (*dshim_ps_done_fn)(void *arg, int ok);
 dshim_status_t dshim_ps_worker_push_cb(dshim_ps_node_t *node, int server, int key, int dtype, const void *payload,
                                        size_t len, int want_pull, void *out, size_t out_len, dshim_ps_done_fn fn,
                                        void *arg);
+/* A pushpull of one server part (len bytes of `dtype`, answered into out) as
+ * pieces of at most piece_bytes, each summed and answered by the server on
+ * its own, so the answer streams back while the push is still going out.
+ * Only for sync mode, uncompressed keys without a float32 master copy on the
+ * server (float32).  fn runs exactly once, when every piece was answered (ok
+ * = 1) or one failed -- also when this call returns an error. */
+dshim_status_t dshim_ps_worker_pushpull_pieces(dshim_ps_node_t *node, int server, int key, int dtype,
+                                               const void *payload, size_t len, void *out, size_t piece_bytes,
+                                               dshim_ps_done_fn fn, void *arg);
 /* Teardown begins: no more requests; a server closing its side is no failure. */
 void dshim_ps_worker_quiesce(dshim_ps_node_t *node);
 /* Tells every server this worker leaves on purpose (its connection's end is

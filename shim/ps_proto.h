@@ -28,6 +28,7 @@ enum {
 
 #define DSHIM_PS_F_PULL 1u       /* push: answer with the stored value */
 #define DSHIM_PS_F_COMPRESSED 2u /* push: 2-bit words of `nelem` values */
+#define DSHIM_PS_F_PIECE 4u      /* push: values [off, off + len/size) of a key of `nelem` */
 
 typedef struct dshim_ps_hdr {
     uint32_t magic;
@@ -38,6 +39,7 @@ typedef struct dshim_ps_hdr {
     uint32_t seq;
     uint64_t nelem;
     uint64_t len;
+    uint64_t off; /* DSHIM_PS_F_PIECE: first element of the piece */
 } dshim_ps_hdr_t;
 
 typedef struct dshim_ps_hello {

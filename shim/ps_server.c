@@ -25,6 +25,14 @@ typedef struct waiter {
     int want_pull;
 } waiter_t;
 
+/* A piece [off, off + cnt) of a key being pushed in pieces
+ * (DSHIM_PS_F_PIECE): summed over the workers and answered on its own. */
+typedef struct piece {
+    size_t off, cnt;
+    int npushed;
+    waiter_t *waiters; /* num_workers */
+} piece_t;
+
 typedef struct key_state {
     int key;
     int dtype;
@@ -42,6 +50,10 @@ typedef struct key_state {
     float *wide;
     waiter_t *waiters;
     int nwaiters;
+    /* pieces of this round (whole pushes and pieces never mix in one) */
+    piece_t *pieces;
+    size_t npieces, cap_pieces;
+    size_t pieces_summed; /* elements of complete pieces, waiting for the updater */
 } key_state_t;
 
 typedef struct server {
@@ -152,8 +164,8 @@ static dshim_status_t answer_stored(server_t *s, key_state_t *k, int worker, uin
     return reply(s, worker, seq, DSHIM_PS_MSG_REPLY, k->stored, k->n * dshim_ps_dtype_size(k->dtype));
 }
 
-/* Every worker pushed (sync) or one did (async): update, then answer. */
-static dshim_status_t apply_updates(server_t *s, key_state_t *k)
+/* The merged pushes become the key's value: through the updater, or as they are. */
+static dshim_status_t update_value(server_t *s, key_state_t *k)
 {
     /* with a master copy the update runs on it, in float32 (MXNet's
      * store_realt_), and the key's own dtype gets the result cast back */
@@ -173,6 +185,13 @@ static dshim_status_t apply_updates(server_t *s, key_state_t *k)
         s->ops->wait(s->ops->ctx, k->stored_cookie, 1);
         DSHIM_CHECK(dshim_ps_from_float32(k->stored, k->master, k->n, k->dtype));
     }
+    return DSHIM_OK;
+}
+
+/* Every worker pushed (sync) or one did (async): update, then answer. */
+static dshim_status_t apply_updates(server_t *s, key_state_t *k)
+{
+    DSHIM_CHECK(update_value(s, k));
     for (int i = 0; i < k->nwaiters; i++) {
         waiter_t *w = &k->waiters[i];
         DSHIM_CHECK(w->want_pull ? answer_stored(s, k, w->worker, w->seq)
@@ -221,8 +240,138 @@ static void take_values(server_t *s, key_state_t *k, const dshim_ps_hdr_t *h, vo
     }
 }
 
+static piece_t *find_piece(server_t *s, key_state_t *k, size_t off)
+{
+    for (size_t i = 0; i < k->npieces; i++) {
+        if (k->pieces[i].off == off) {
+            return &k->pieces[i];
+        }
+    }
+    if (k->npieces == k->cap_pieces) {
+        size_t cap = k->cap_pieces ? k->cap_pieces * 2 : 16;
+        piece_t *p = realloc(k->pieces, cap * sizeof(*p));
+        if (p == NULL) {
+            return NULL;
+        }
+        memset(p + k->cap_pieces, 0, (cap - k->cap_pieces) * sizeof(*p));
+        k->pieces = p;
+        k->cap_pieces = cap;
+    }
+    piece_t *p = &k->pieces[k->npieces];
+    if (p->waiters == NULL && (p->waiters = calloc((size_t)s->node->env.num_workers, sizeof(waiter_t))) == NULL) {
+        return NULL;
+    }
+    k->npieces++;
+    p->off = off;
+    p->cnt = 0;
+    p->npushed = 0;
+    return p;
+}
+
+/* Drops piece p of k (its waiter array stays with the slot for reuse). */
+static void drop_piece(key_state_t *k, piece_t *p)
+{
+    piece_t *last = &k->pieces[k->npieces - 1];
+    if (p != last) {
+        piece_t t = *p;
+        *p = *last;
+        *last = t;
+    }
+    k->npieces--;
+}
+
+static dshim_status_t answer_piece(server_t *s, key_state_t *k, const piece_t *p)
+{
+    const size_t es = dshim_ps_dtype_size(k->dtype);
+    s->ops->wait(s->ops->ctx, k->stored_cookie, 0);
+    for (int i = 0; i < p->npushed; i++) {
+        DSHIM_CHECK(reply(s, p->waiters[i].worker, p->waiters[i].seq, DSHIM_PS_MSG_REPLY,
+                          (const char *)k->stored + p->off * es, p->cnt * es));
+    }
+    return DSHIM_OK;
+}
+
+/* A piece of a sync-mode push (DSHIM_PS_F_PIECE).  Once every worker pushed
+ * it: without an updater it is stored and answered at once; with one, when
+ * the whole key is summed, the updater runs and every piece is answered. */
+static dshim_status_t handle_piece(server_t *s, int worker, const dshim_ps_hdr_t *h)
+{
+    char msg[320];
+    const size_t es = dshim_ps_dtype_size(h->dtype);
+    key_state_t *k = find_key(s, h->key, 0);
+    if (k == NULL || k->stored == NULL) {
+        snprintf(msg, sizeof(msg), "key %d: worker %d pushed a piece of it before it was initialised: call kv.init "
+                 "first", h->key, worker);
+        return reply_error(s, worker, h->seq, msg);
+    }
+    const size_t cnt = es ? h->len / es : 0;
+    if (!s->sync_mode || (h->flags & DSHIM_PS_F_COMPRESSED) || k->master != NULL || es == 0 || h->len % es != 0 ||
+        h->dtype != k->dtype || h->nelem != k->n || cnt == 0 || h->off > k->n || cnt > k->n - h->off) {
+        snprintf(msg, sizeof(msg), "key %d: worker %d pushed a piece of %zu elements at %llu of a %llu-element key "
+                 "(dtype %d), which this server (%s mode, the key: %zu elements of dtype %d%s) cannot take: are the "
+                 "workers running another dshim version? Set DSHIM_PS_PIECE=0 to push whole keys", h->key, worker,
+                 cnt, (unsigned long long)h->off, (unsigned long long)h->nelem, h->dtype,
+                 s->sync_mode ? "sync" : "async", k->n, k->dtype, k->master ? ", float32 master copy" : "");
+        return reply_error(s, worker, h->seq, msg);
+    }
+    if (k->nwaiters > 0) {
+        snprintf(msg, sizeof(msg), "key %d: worker %d pushed it in pieces while others pushed it whole: set the same "
+                 "DSHIM_PS_PIECE for every worker", h->key, worker);
+        return reply_error(s, worker, h->seq, msg);
+    }
+    piece_t *p = find_piece(s, k, h->off);
+    if (p == NULL) {
+        return dshim_error(DSHIM_ERR_NOMEM, "server %d: out of memory", s->node->rank);
+    }
+    if (p->npushed > 0 && p->cnt != cnt) {
+        snprintf(msg, sizeof(msg), "key %d: the workers cut it into different pieces (%zu and %zu elements at %zu): "
+                 "set the same DSHIM_PS_PIECE for every worker", h->key, p->cnt, cnt, p->off);
+        return reply_error(s, worker, h->seq, msg);
+    }
+    if (p->npushed == s->node->env.num_workers) {
+        snprintf(msg, sizeof(msg), "key %d: worker %d pushed the piece at %zu again before every worker's "
+                 "earlier push of it was answered", h->key, worker, p->off);
+        return reply_error(s, worker, h->seq, msg);
+    }
+    s->ops->wait(s->ops->ctx, k->merged_cookie, 1);
+    char *merged = (char *)k->merged + h->off * es;
+    if (p->npushed == 0) {
+        p->cnt = cnt;
+        memcpy(merged, s->buf, h->len);
+    } else {
+        DSHIM_CHECK(dshim_ps_add(merged, s->buf, cnt, k->dtype));
+    }
+    p->waiters[p->npushed++] = (waiter_t){.worker = worker, .seq = h->seq, .want_pull = 1};
+    if (p->npushed < s->node->env.num_workers) {
+        return DSHIM_OK;
+    }
+    if (!s->ops->has_updater(s->ops->ctx)) {
+        /* the sum is the value (MXNet: stored = merged), piece by piece */
+        s->ops->wait(s->ops->ctx, k->stored_cookie, 1);
+        memcpy((char *)k->stored + p->off * es, merged, h->len);
+        dshim_status_t st = answer_piece(s, k, p);
+        drop_piece(k, p);
+        return st;
+    }
+    k->pieces_summed += cnt;
+    if (k->pieces_summed < k->n) {
+        return DSHIM_OK;
+    }
+    /* the whole key is summed: one update, then every piece's answer */
+    k->pieces_summed = 0;
+    DSHIM_CHECK(update_value(s, k));
+    for (size_t i = 0; i < k->npieces; i++) {
+        DSHIM_CHECK(answer_piece(s, k, &k->pieces[i]));
+    }
+    k->npieces = 0;
+    return DSHIM_OK;
+}
+
 static dshim_status_t handle_push(server_t *s, int worker, const dshim_ps_hdr_t *h)
 {
+    if (h->flags & DSHIM_PS_F_PIECE) {
+        return handle_piece(s, worker, h);
+    }
     int compressed = (h->flags & DSHIM_PS_F_COMPRESSED) != 0;
     size_t esize = dshim_ps_dtype_size(h->dtype);
     char msg[256];
@@ -258,6 +407,11 @@ static dshim_status_t handle_push(server_t *s, int worker, const dshim_ps_hdr_t 
                      worker, n);
         return (h->flags & DSHIM_PS_F_PULL) ? answer_stored(s, k, worker, h->seq)
                                             : reply(s, worker, h->seq, DSHIM_PS_MSG_REPLY, NULL, 0);
+    }
+    if (k->npieces > 0) {
+        snprintf(msg, sizeof(msg), "key %d: worker %d pushed it whole while others pushed it in pieces: set the same "
+                 "DSHIM_PS_PIECE for every worker", h->key, worker);
+        return reply_error(s, worker, h->seq, msg);
     }
     if (n != k->n || h->dtype != k->dtype) {
         snprintf(msg, sizeof(msg), "key %d: worker %d pushed %zu elements of dtype %d but the key holds %zu of dtype "
@@ -519,6 +673,10 @@ dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_
         free(k->wide);
         free(k->decomp);
         free(k->waiters);
+        for (size_t j = 0; j < k->cap_pieces; j++) {
+            free(k->pieces[j].waiters);
+        }
+        free(k->pieces);
     }
     free(s.keys);
     free(s.buf);

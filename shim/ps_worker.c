@@ -384,6 +384,84 @@ dshim_status_t dshim_ps_worker_push_cb(dshim_ps_node_t *node, int server, int ke
                        arg);
 }
 
+/* The pieces of one pushpull: the caller's callback runs when the last ends. */
+typedef struct piece_group {
+    int left; /* pieces not yet answered, + 1 while they are being sent */
+    int ok;
+    dshim_ps_done_fn fn;
+    void *arg;
+} piece_group_t;
+
+static void piece_done(void *arg, int ok)
+{
+    piece_group_t *g = arg;
+    if (!ok) {
+        __atomic_store_n(&g->ok, 0, __ATOMIC_RELAXED);
+    }
+    if (__atomic_sub_fetch(&g->left, 1, __ATOMIC_ACQ_REL) == 0) {
+        g->fn(g->arg, __atomic_load_n(&g->ok, __ATOMIC_RELAXED));
+        free(g);
+    }
+}
+
+dshim_status_t dshim_ps_worker_pushpull_pieces(dshim_ps_node_t *node, int server, int key, int dtype,
+                                               const void *payload, size_t len, void *out, size_t piece_bytes,
+                                               dshim_ps_done_fn fn, void *arg)
+{
+    size_t es = dshim_ps_dtype_size(dtype);
+    piece_group_t *g = malloc(sizeof(*g));
+    if (g == NULL || es == 0 || len % es != 0) {
+        dshim_status_t why = g == NULL ? DSHIM_ERR_NOMEM : DSHIM_ERR_INVALID;
+        free(g);
+        fn(arg, 0);
+        return dshim_error(why, "worker %d: cannot push key %d in pieces (%zu bytes of dtype %d)", node->rank, key,
+                           len, dtype);
+    }
+    const size_t n = len / es;
+    const size_t per = piece_bytes / es ? piece_bytes / es : 1;
+    const size_t npieces = n ? (n + per - 1) / per : 0;
+    g->left = (int)npieces + 1;
+    g->ok = 1;
+    g->fn = fn;
+    g->arg = arg;
+    dshim_status_t st = DSHIM_OK;
+    size_t sent = 0;
+    for (size_t off = 0; off < n; off += per, sent++) {
+        const size_t cnt = n - off < per ? n - off : per;
+        uint32_t seq = 0;
+        st = add_pending(node, server, (char *)out + off * es, cnt * es, piece_done, g, &seq);
+        if (st != DSHIM_OK) {
+            break;
+        }
+        dshim_ps_hdr_t h;
+        dshim_ps_hdr_init(&h, DSHIM_PS_MSG_PUSH, key, cnt * es);
+        h.dtype = (uint16_t)dtype;
+        h.seq = seq;
+        h.nelem = n;
+        h.off = off;
+        h.flags = DSHIM_PS_F_PULL | DSHIM_PS_F_PIECE;
+        __atomic_add_fetch(&node->n_push, 1, __ATOMIC_RELAXED);
+        st = send_to(node, server, &h, (const char *)payload + off * es);
+        if (st != DSHIM_OK) {
+            /* not sent: it will not be answered, and the receiver must not
+             * complete it either */
+            pthread_mutex_lock(&node->pend_mu);
+            dshim_ps_pending_t *p = take_pending(node, server, seq);
+            pthread_mutex_unlock(&node->pend_mu);
+            free(p);
+            break;
+        }
+    }
+    if (st != DSHIM_OK) {
+        /* the pieces never sent end here, failed; those sent end on the
+         * receiver thread (the lost connection fails them) */
+        __atomic_store_n(&g->ok, 0, __ATOMIC_RELAXED);
+        __atomic_sub_fetch(&g->left, (int)(npieces - sent), __ATOMIC_ACQ_REL);
+    }
+    piece_done(g, st == DSHIM_OK);
+    return st;
+}
+
 dshim_status_t dshim_ps_worker_pull(dshim_ps_node_t *node, int server, int key, int dtype, void *out,
                                     size_t out_len, uint32_t *seq_p)
 {

@@ -605,6 +605,9 @@ int dshim_MXKVStoreSendCommmandToServers(KVStoreHandle h, int cmd_id, const char
         dshim_ps_worker_command(kv->node, cmd_id, cmd_body) != DSHIM_OK) {
         return dshim_mxkv_fail();
     }
+    if (cmd_id == DSHIM_PS_CMD_CONTROLLER) {
+        kv->server_optimizer = 1; /* pushes in pieces would gain nothing: the update needs the whole key */
+    }
     return 0;
 }
 

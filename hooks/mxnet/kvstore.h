@@ -25,6 +25,7 @@ typedef struct dshim_mxkv {
     int barrier_before_exit;
     int finished;
     int compression;
+    int server_optimizer; /* an optimizer was sent to the servers (kController) */
     float threshold;
     char **str_keys; /* string key i is int key i (MXNet: init order) */
     size_t nstr, cap_str;

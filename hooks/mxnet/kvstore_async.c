@@ -125,8 +125,9 @@ static void engine_fn(void *rctx, void *on_complete, void *param)
     if (op->direct) {
         /* no copies (Gluon's Trainer: one gradient, one weight per call):
          * the engine keeps the gradient unwritten and the weight unread
-         * until this operation completes, and the servers answer only after
-         * the whole push arrived, so the memory may be the same */
+         * until this operation completes, and a server answers a key (or a
+         * piece of it) only after all of it arrived, so the memory may be
+         * the same */
         send = data_of(op->vals[0]);
         recv = data_of(op->outs[0]);
         ok = send != NULL && recv != NULL;
@@ -149,8 +150,21 @@ static void engine_fn(void *rctx, void *on_complete, void *param)
         np = 0;
     }
     op->parts_left = np + 1; /* +1: this function's own reference */
+    /* a sum of float32 values on the servers (sync mode, no optimizer there)
+     * goes in pieces: the answer to a large key streams back while the rest
+     * of it is still going out (on a slow link that halves its round trip) */
+    const size_t piece = kv->env.piece_bytes;
+    const int pieces = piece > 0 && !kv->is_async && !kv->compression && !kv->server_optimizer && op->dtype == 0;
     for (int i = 0; i < np; i++) {
         const size_t at = parts[i].offset * es;
+        if (pieces && parts[i].count * es > piece) {
+            /* part_done runs once in every case, also on an error */
+            if (dshim_ps_worker_pushpull_pieces(kv->node, parts[i].server, op->key, op->dtype, send + at,
+                                                parts[i].count * es, recv + at, piece, part_done, op) != DSHIM_OK) {
+                set_error(kv, dshim_last_error());
+            }
+            continue;
+        }
         if (dshim_ps_worker_push_cb(kv->node, parts[i].server, op->key, op->dtype, send + at, parts[i].count * es, 1,
                                     recv + at, parts[i].count * es, part_done, op) != DSHIM_OK) {
             set_error(kv, dshim_last_error());

@@ -27,6 +27,25 @@ def test_gluon_trainer_dist_sync(tmp_path, update_on_kvstore):
     assert_params_equal(tmp_path / "pslite", tmp_path / "dshim")
 
 
+def _worker_pushes(out):
+    return sum(int(m) for m in re.findall(r"\[dshim-ps worker \d+\] carried (\d+) pushes", out))
+
+
+def test_gluon_trainer_sum_in_pieces(tmp_path):
+    """update_on_kvstore=False (the servers sum): pushpulls cut into DSHIM_PS_PIECE pieces, each
+    summed and answered on its own, give ps-lite's parameters; with 0, whole keys do too."""
+    args = ["--update-on-kvstore", 0, "--hidden", 33, "--in-units", 9, "--steps", 10]
+    env = {"MXNET_KVSTORE_BIGARRAY_BOUND": "100"}  # the 297-element weight is split over 3 servers, too
+    launch("gluon_trainer.py", tmp_path / "pslite", *args, dshim=False, ns=3,
+           env=dict(env, MXNET_ENGINE_TYPE="NaiveEngine"))  # see test_gluon_trainer_dist_sync
+    whole = launch("gluon_trainer.py", tmp_path / "whole", *args, ns=3, env=dict(env, DSHIM_PS_PIECE="0"))
+    pieces = launch("gluon_trainer.py", tmp_path / "pieces", *args, ns=3, env=dict(env, DSHIM_PS_PIECE="64"))
+    assert_params_equal(tmp_path / "pslite", tmp_path / "whole")
+    assert_params_equal(tmp_path / "pslite", tmp_path / "pieces")
+    # the weight's 99-element parts go as 7 pieces of <= 16 floats: many more pushes
+    assert _worker_pushes(pieces) > 2 * _worker_pushes(whole) > 0, (pieces[-2000:], whole[-2000:])
+
+
 def test_gluon_trainer_synchronous_calls(tmp_path):
     """DSHIM_MXNET_ASYNC=0: every pushpull waits for its answer (no engine operation)."""
     args = ["--steps", 10]

@@ -2,8 +2,10 @@
  * dshim's parameter server (shim/ps_*.c) without MXNet, in forked processes:
  * a scheduler, servers with the plain memory store, and workers.  Sync mode
  * sums every worker's push before answering, the first push initialises a key,
- * async mode without an updater is refused with a message, sharded keys, and a
- * killed worker ends every other process with an error naming it.  (The real
+ * async mode without an updater is refused with a message, sharded keys,
+ * pushpulls in pieces (DSHIM_PS_PIECE; workers that cut a key differently are
+ * an error, not a wrong sum), and a killed worker ends every other process
+ * with an error naming it.  (The real
  * MXNet runs in tests/mxnet; this covers the protocol in the sanitizer builds.)
  */
 #include <check.h>
@@ -21,6 +23,39 @@
 #include "ps.h"
 
 static int sleeper_pipe[2] = {-1, -1}; /* the parked worker writes its pid here */
+/* how the workers push after init: 0 whole parts; 1 pieces of piece_bytes,
+ * several rounds; 2 rank 1 in pieces, the others whole (an error) */
+static int piece_mode;
+static const size_t piece_bytes = 3 * sizeof(float); /* 7 pieces of a 19-element part, the last short */
+
+static void count_done(void *arg, int ok)
+{
+    int *left = arg;
+    if (!ok) {
+        __atomic_store_n(&left[1], 0, __ATOMIC_RELAXED);
+    }
+    __atomic_sub_fetch(&left[0], 1, __ATOMIC_ACQ_REL);
+}
+
+/* every part of key 3 as a pushpull in pieces; waits for their callbacks */
+static dshim_status_t pushpull_in_pieces(dshim_ps_node_t *node, const dshim_ps_part_t *parts, int np,
+                                         const float *v, float *out)
+{
+    int left[2] = {np, 1}; /* callbacks to come, all ok */
+    for (int p = 0; p < np; p++) {
+        dshim_ps_worker_pushpull_pieces(node, parts[p].server, 3, 0, v + parts[p].offset, parts[p].count * 4,
+                                        out + parts[p].offset, piece_bytes, count_done, left);
+    }
+    double deadline = dshim_now() + 20;
+    while (__atomic_load_n(&left[0], __ATOMIC_ACQUIRE) > 0 && dshim_now() < deadline) {
+        usleep(1000);
+    }
+    if (__atomic_load_n(&left[0], __ATOMIC_ACQUIRE) > 0 || !__atomic_load_n(&left[1], __ATOMIC_RELAXED)) {
+        fprintf(stderr, "a pushpull in pieces failed or did not end\n");
+        return DSHIM_ERR_PEER;
+    }
+    return DSHIM_OK;
+}
 
 static int free_port(void)
 {
@@ -108,34 +143,45 @@ static int run_worker(int port, int nw, int ns, size_t n, int sleep_forever_rank
             pause(); /* the test kills this one */
         }
     }
-    for (size_t i = 0; i < n; i++) {
-        v[i] = (float)((rank + 1) * (int)i);
-    }
-    for (int p = 0; p < np; p++) {
-        dshim_ps_worker_push(node, parts[p].server, 3, 0, v + parts[p].offset, parts[p].count * 4, parts[p].count,
-                             0, 1, out + parts[p].offset, parts[p].count * 4, NULL);
-    }
-    dshim_status_t st = dshim_ps_worker_wait_all(node);
-    if (st != DSHIM_OK) {
-        fprintf(stderr, "worker %d: %s\n", rank, dshim_last_error());
-        dshim_ps_node_finish(node, 1);
-        free(v);
-        free(out);
-        return 10;
-    }
-    float factor = (float)(nw * (nw + 1) / 2);
-    for (size_t i = 0; i < n; i++) {
-        if (out[i] != factor * (float)i) {
-            fprintf(stderr, "worker %d: element %zu is %g, expected %g\n", rank, i, out[i], factor * (float)i);
-            return 11;
+    const int rounds = piece_mode == 1 ? 3 : 1;
+    for (int round = 0; round < rounds; round++) {
+        for (size_t i = 0; i < n; i++) {
+            v[i] = (float)((rank + 1 + round) * (int)i);
+        }
+        dshim_status_t st;
+        if (piece_mode == 1 || (piece_mode == 2 && rank == 1)) {
+            st = pushpull_in_pieces(node, parts, np, v, out);
+        } else {
+            for (int p = 0; p < np; p++) {
+                dshim_ps_worker_push(node, parts[p].server, 3, 0, v + parts[p].offset, parts[p].count * 4,
+                                     parts[p].count, 0, 1, out + parts[p].offset, parts[p].count * 4, NULL);
+            }
+            st = dshim_ps_worker_wait_all(node);
+        }
+        if (st != DSHIM_OK) {
+            fprintf(stderr, "worker %d: %s\n", rank, dshim_last_error());
+            dshim_ps_node_finish(node, 1);
+            free(v);
+            free(out);
+            return 10;
+        }
+        /* no optimizer on the servers: the value is the sum of this round's pushes */
+        float factor = (float)(nw * (nw + 1) / 2 + nw * round);
+        for (size_t i = 0; i < n; i++) {
+            if (out[i] != factor * (float)i) {
+                fprintf(stderr, "worker %d: element %zu is %g, expected %g\n", rank, i, out[i], factor * (float)i);
+                return 11;
+            }
         }
     }
     free(v);
     free(out);
+    /* before the barrier, as the MXNet hook does: rank 0 may stop the
+     * servers before the others return from it */
+    dshim_ps_worker_quiesce(node);
     if (dshim_ps_barrier(node, DSHIM_PS_GROUP_WORKERS) != DSHIM_OK) {
         return 12;
     }
-    dshim_ps_worker_quiesce(node);
     if (rank == 0 && dshim_ps_worker_command(node, DSHIM_PS_CMD_STOP_SERVER, "") != DSHIM_OK) {
         return 13;
     }
@@ -192,6 +238,33 @@ START_TEST(sync_sum_sharded_three_workers)
 }
 END_TEST
 
+START_TEST(sync_sum_in_pieces)
+{
+    piece_mode = 1;
+    sync_sum_case(3, 2, 37); /* parts of 18 and 19 elements, in pieces of 3 */
+    sync_sum_case(2, 1, 5);  /* 2 pieces, the last of 2 elements */
+    piece_mode = 0;
+}
+END_TEST
+
+START_TEST(pieces_and_whole_pushes_mixed_is_an_error)
+{
+    piece_mode = 2;
+    job_t job;
+    start(&job, free_port(), 2, 1, 37, -1);
+    double t0 = dshim_now();
+    for (int i = 1 + 1; i < job.n; i++) { /* the workers: an error, not a wrong sum (11) nor success */
+        int rc = wait_code(job.pids[i]);
+        ck_assert_msg(rc == 10, "worker %d exited with %d, expected 10 (the error)", i - 2, rc);
+    }
+    for (int i = 0; i < 2; i++) {
+        wait_code(job.pids[i]);
+    }
+    ck_assert_msg(dshim_now() - t0 < 15, "the job took %.1f s to end", dshim_now() - t0);
+    piece_mode = 0;
+}
+END_TEST
+
 START_TEST(killed_worker_ends_everyone)
 {
     job_t job;
@@ -224,6 +297,8 @@ int main(void)
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, sync_sum_one_server);
     tcase_add_test(tc, sync_sum_sharded_three_workers);
+    tcase_add_test(tc, sync_sum_in_pieces);
+    tcase_add_test(tc, pieces_and_whole_pushes_mixed_is_an_error);
     tcase_add_test(tc, killed_worker_ends_everyone);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
