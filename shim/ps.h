@@ -47,6 +47,7 @@ typedef struct dshim_ps_env {
     double connect_timeout_s;
     int counters;
     size_t piece_bytes; /* DSHIM_PS_PIECE: 0 = whole keys */
+    int piece_local;    /* DSHIM_PS_PIECE_LOCAL */
     int task_id;        /* DMLC_TASK_ID: rank order hint, -1 = none */
     char token[64];     /* DSHIM_JOB_TOKEN: peers must present the same */
 } dshim_ps_env_t;
@@ -111,6 +112,9 @@ dshim_status_t dshim_ps_worker_push_cb(dshim_ps_node_t *node, int server, int ke
 dshim_status_t dshim_ps_worker_pushpull_pieces(dshim_ps_node_t *node, int server, int key, int dtype,
                                                const void *payload, size_t len, void *out, size_t piece_bytes,
                                                dshim_ps_done_fn fn, void *arg);
+/* 1 when the server runs on this host (its connection has the same address
+ * at both ends): pieces pay off only across a network. */
+int dshim_ps_worker_server_is_local(const dshim_ps_node_t *node, int server);
 /* Teardown begins: no more requests; a server closing its side is no failure. */
 void dshim_ps_worker_quiesce(dshim_ps_node_t *node);
 /* Tells every server this worker leaves on purpose (its connection's end is

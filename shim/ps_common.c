@@ -72,6 +72,7 @@ dshim_status_t dshim_ps_env_load(dshim_ps_env_t *env)
     env->connect_timeout_s = c->connect_timeout_s;
     env->counters = c->ps_counters;
     env->piece_bytes = c->ps_piece;
+    env->piece_local = c->ps_piece_local;
     env->task_id = (int)c->dmlc_task_id;
     snprintf(env->token, sizeof(env->token), "%s", c->job_token);
     return DSHIM_OK;

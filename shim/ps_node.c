@@ -363,6 +363,7 @@ dshim_status_t dshim_ps_node_finish(dshim_ps_node_t *node, int skip_barrier)
             }
         }
         free(node->server_fds);
+        free(node->server_local);
     }
     if (node->listen_fd >= 0) {
         close(node->listen_fd);

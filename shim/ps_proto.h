@@ -91,6 +91,7 @@ struct dshim_ps_node {
     int port;
     /* worker role: data connections; answers are read by the receiver thread */
     int *server_fds;
+    unsigned char *server_local; /* the server runs on this host (same address both ends) */
     pthread_mutex_t pend_mu;   /* next_seq, pending, quiescing */
     pthread_cond_t pend_cond;  /* signalled when a request completes */
     uint32_t next_seq;

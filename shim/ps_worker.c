@@ -22,7 +22,8 @@ dshim_status_t dshim_ps_worker_connect(dshim_ps_node_t *node)
 {
     int ns = node->env.num_servers;
     node->server_fds = malloc(sizeof(int) * (size_t)ns);
-    if (node->server_fds == NULL) {
+    node->server_local = calloc((size_t)ns, 1);
+    if (node->server_fds == NULL || node->server_local == NULL) {
         return dshim_error(DSHIM_ERR_NOMEM, "worker: out of memory");
     }
     for (int i = 0; i < ns; i++) {
@@ -43,6 +44,11 @@ dshim_status_t dshim_ps_worker_connect(dshim_ps_node_t *node)
                                node->servers[i].port, node->servers[i].pid, node->servers[i].host);
         }
         dshim_net_tune(node->server_fds[i], 4u << 20);
+        struct sockaddr_in me, peer;
+        socklen_t ml = sizeof(me), pl = sizeof(peer);
+        node->server_local[i] = getsockname(node->server_fds[i], (struct sockaddr *)&me, &ml) == 0 &&
+                                getpeername(node->server_fds[i], (struct sockaddr *)&peer, &pl) == 0 &&
+                                me.sin_addr.s_addr == peer.sin_addr.s_addr;
         dshim_ps_hdr_t h;
         dshim_ps_hdr_init(&h, DSHIM_PS_MSG_WHELLO, node->rank, sizeof(node->env.token));
         DSHIM_CHECK(dshim_ps_send(node->server_fds[i], &h, node->env.token, deadline));
@@ -460,6 +466,11 @@ dshim_status_t dshim_ps_worker_pushpull_pieces(dshim_ps_node_t *node, int server
     }
     piece_done(g, st == DSHIM_OK);
     return st;
+}
+
+int dshim_ps_worker_server_is_local(const dshim_ps_node_t *node, int server)
+{
+    return node->server_local != NULL && node->server_local[server];
 }
 
 dshim_status_t dshim_ps_worker_pull(dshim_ps_node_t *node, int server, int key, int dtype, void *out,

@@ -150,14 +150,16 @@ static void engine_fn(void *rctx, void *on_complete, void *param)
         np = 0;
     }
     op->parts_left = np + 1; /* +1: this function's own reference */
-    /* a sum of float32 values on the servers (sync mode, no optimizer there)
-     * goes in pieces: the answer to a large key streams back while the rest
-     * of it is still going out (on a slow link that halves its round trip) */
+    /* a sum of float32 values on a server of another host (sync mode, no
+     * optimizer there) goes in pieces: the answer to a large key streams back
+     * while the rest of it is still going out (on a slow link that halves its
+     * round trip; on this host the extra messages only cost) */
     const size_t piece = kv->env.piece_bytes;
     const int pieces = piece > 0 && !kv->is_async && !kv->compression && !kv->server_optimizer && op->dtype == 0;
     for (int i = 0; i < np; i++) {
         const size_t at = parts[i].offset * es;
-        if (pieces && parts[i].count * es > piece) {
+        if (pieces && parts[i].count * es > piece &&
+            (kv->env.piece_local || !dshim_ps_worker_server_is_local(kv->node, parts[i].server))) {
             /* part_done runs once in every case, also on an error */
             if (dshim_ps_worker_pushpull_pieces(kv->node, parts[i].server, op->key, op->dtype, send + at,
                                                 parts[i].count * es, recv + at, piece, part_done, op) != DSHIM_OK) {
