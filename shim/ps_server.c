@@ -30,6 +30,7 @@ typedef struct waiter {
 typedef struct piece {
     size_t off, cnt;
     int npushed;
+    int done;          /* every worker's values summed (kept until the updater ran) */
     waiter_t *waiters; /* num_workers */
 } piece_t;
 
@@ -50,10 +51,11 @@ typedef struct key_state {
     float *wide;
     waiter_t *waiters;
     int nwaiters;
-    /* pieces of this round (whole pushes and pieces never mix in one) */
+    /* pieces of this round; a worker pushing whole (its server is on its
+     * host) is in `waiters` and counts toward every piece */
     piece_t *pieces;
     size_t npieces, cap_pieces;
-    size_t pieces_summed; /* elements of complete pieces, waiting for the updater */
+    size_t pieces_done; /* elements of this round's complete pieces */
 } key_state_t;
 
 typedef struct server {
@@ -188,10 +190,8 @@ static dshim_status_t update_value(server_t *s, key_state_t *k)
     return DSHIM_OK;
 }
 
-/* Every worker pushed (sync) or one did (async): update, then answer. */
-static dshim_status_t apply_updates(server_t *s, key_state_t *k)
+static dshim_status_t answer_whole_waiters(server_t *s, key_state_t *k)
 {
-    DSHIM_CHECK(update_value(s, k));
     for (int i = 0; i < k->nwaiters; i++) {
         waiter_t *w = &k->waiters[i];
         DSHIM_CHECK(w->want_pull ? answer_stored(s, k, w->worker, w->seq)
@@ -200,6 +200,13 @@ static dshim_status_t apply_updates(server_t *s, key_state_t *k)
     k->nwaiters = 0;
     s->ops->wait(s->ops->ctx, k->stored_cookie, 0);
     return DSHIM_OK;
+}
+
+/* Every worker pushed (sync) or one did (async): update, then answer. */
+static dshim_status_t apply_updates(server_t *s, key_state_t *k)
+{
+    DSHIM_CHECK(update_value(s, k));
+    return answer_whole_waiters(s, k);
 }
 
 /* Gives key k (not float32) its float32 master copy, from its stored value;
@@ -265,6 +272,7 @@ static piece_t *find_piece(server_t *s, key_state_t *k, size_t off)
     p->off = off;
     p->cnt = 0;
     p->npushed = 0;
+    p->done = 0;
     return p;
 }
 
@@ -291,12 +299,119 @@ static dshim_status_t answer_piece(server_t *s, key_state_t *k, const piece_t *p
     return DSHIM_OK;
 }
 
-/* A piece of a sync-mode push (DSHIM_PS_F_PIECE).  Once every worker pushed
- * it: without an updater it is stored and answered at once; with one, when
- * the whole key is summed, the updater runs and every piece is answered. */
+/* Piece i of k has every worker's values.  Without an updater it is the
+ * value there and then: stored and answered (and dropped from the table).
+ * Once the whole key is done, the updater (if any) runs and everybody still
+ * waiting is answered. */
+static dshim_status_t piece_complete(server_t *s, key_state_t *k, size_t i)
+{
+    piece_t *p = &k->pieces[i];
+    p->done = 1;
+    k->pieces_done += p->cnt;
+    const int updater = s->ops->has_updater(s->ops->ctx);
+    if (!updater) {
+        /* MXNet: stored = merged, here piece by piece */
+        const size_t es = dshim_ps_dtype_size(k->dtype);
+        s->ops->wait(s->ops->ctx, k->merged_cookie, 0);
+        s->ops->wait(s->ops->ctx, k->stored_cookie, 1);
+        memcpy((char *)k->stored + p->off * es, (const char *)k->merged + p->off * es, p->cnt * es);
+        DSHIM_CHECK(answer_piece(s, k, p));
+        drop_piece(k, p);
+    }
+    if (k->pieces_done < k->n) {
+        return DSHIM_OK;
+    }
+    k->pieces_done = 0;
+    if (updater) {
+        DSHIM_CHECK(update_value(s, k));
+        for (size_t j = 0; j < k->npieces; j++) {
+            DSHIM_CHECK(answer_piece(s, k, &k->pieces[j]));
+        }
+    }
+    k->npieces = 0;
+    return answer_whole_waiters(s, k);
+}
+
+/* Completes every piece that has all workers' values: its own pushers plus
+ * the whole pushes. */
+static dshim_status_t complete_pieces(server_t *s, key_state_t *k)
+{
+    const int nw = s->node->env.num_workers;
+    size_t i = 0;
+    while (i < k->npieces) {
+        piece_t *p = &k->pieces[i];
+        if (p->done || p->npushed + k->nwaiters < nw) {
+            i++;
+            continue;
+        }
+        const size_t before = k->npieces;
+        DSHIM_CHECK(piece_complete(s, k, i));
+        if (k->npieces == before) {
+            i++; /* kept (updater); a dropped one's slot now holds another piece */
+        }
+    }
+    return DSHIM_OK;
+}
+
+static int by_offset(const void *a, const void *b)
+{
+    const piece_t *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* A whole push of a key that others push in pieces: added where pieces
+ * arrived already, copied where nothing did (as MXNet's merged = first push,
+ * merged += next), then every piece it completes is completed. */
+static dshim_status_t whole_into_pieces(server_t *s, int worker, const dshim_ps_hdr_t *h, key_state_t *k)
+{
+    char msg[256];
+    const int nw = s->node->env.num_workers;
+    const size_t es = dshim_ps_dtype_size(k->dtype);
+    /* a complete piece had every whole push already */
+    int extra = k->pieces_done > 0;
+    for (size_t i = 0; i < k->npieces; i++) {
+        extra |= k->pieces[i].done || k->pieces[i].npushed + k->nwaiters + 1 > nw;
+    }
+    if (extra) {
+        snprintf(msg, sizeof(msg), "key %d: worker %d pushed it once more than the %d workers there are in this "
+                 "round", h->key, worker, nw);
+        return reply_error(s, worker, h->seq, msg);
+    }
+    if ((h->flags & DSHIM_PS_F_COMPRESSED) || k->master != NULL) {
+        snprintf(msg, sizeof(msg), "key %d: a compressed or non-float32 whole push cannot join a round pushed in "
+                 "pieces: set DSHIM_PS_PIECE=0", h->key);
+        return reply_error(s, worker, h->seq, msg);
+    }
+    s->ops->wait(s->ops->ctx, k->merged_cookie, 1);
+    char *merged = k->merged;
+    if (k->nwaiters > 0) {
+        DSHIM_CHECK(dshim_ps_add(merged, s->buf, k->n, k->dtype)); /* every element has a value already */
+    } else {
+        /* the pieces never overlap (handle_piece checks): walk them in order */
+        qsort(k->pieces, k->npieces, sizeof(piece_t), by_offset);
+        size_t at = 0;
+        for (size_t i = 0; i <= k->npieces; i++) {
+            const size_t off = i < k->npieces ? k->pieces[i].off : k->n;
+            memcpy(merged + at * es, s->buf + at * es, (off - at) * es);
+            if (i < k->npieces) {
+                const piece_t *p = &k->pieces[i];
+                DSHIM_CHECK(dshim_ps_add(merged + p->off * es, s->buf + p->off * es, p->cnt, k->dtype));
+                at = p->off + p->cnt;
+            }
+        }
+    }
+    waiter_t *w = &k->waiters[k->nwaiters++];
+    w->worker = worker;
+    w->seq = h->seq;
+    w->want_pull = (h->flags & DSHIM_PS_F_PULL) != 0;
+    return complete_pieces(s, k);
+}
+
+/* A piece of a sync-mode push (DSHIM_PS_F_PIECE), summed into `merged`. */
 static dshim_status_t handle_piece(server_t *s, int worker, const dshim_ps_hdr_t *h)
 {
     char msg[320];
+    const int nw = s->node->env.num_workers;
     const size_t es = dshim_ps_dtype_size(h->dtype);
     key_state_t *k = find_key(s, h->key, 0);
     if (k == NULL || k->stored == NULL) {
@@ -314,57 +429,35 @@ static dshim_status_t handle_piece(server_t *s, int worker, const dshim_ps_hdr_t
                  s->sync_mode ? "sync" : "async", k->n, k->dtype, k->master ? ", float32 master copy" : "");
         return reply_error(s, worker, h->seq, msg);
     }
-    if (k->nwaiters > 0) {
-        snprintf(msg, sizeof(msg), "key %d: worker %d pushed it in pieces while others pushed it whole: set the same "
-                 "DSHIM_PS_PIECE for every worker", h->key, worker);
-        return reply_error(s, worker, h->seq, msg);
+    for (size_t i = 0; i < k->npieces; i++) {
+        const piece_t *q = &k->pieces[i];
+        if ((q->off == h->off && q->cnt != cnt) || (q->off != h->off && h->off < q->off + q->cnt &&
+                                                    q->off < h->off + cnt)) {
+            snprintf(msg, sizeof(msg), "key %d: the workers cut it into different pieces ([%zu, +%zu) and [%llu, "
+                     "+%zu)): set the same DSHIM_PS_PIECE for every worker", h->key, q->off, q->cnt,
+                     (unsigned long long)h->off, cnt);
+            return reply_error(s, worker, h->seq, msg);
+        }
     }
     piece_t *p = find_piece(s, k, h->off);
     if (p == NULL) {
         return dshim_error(DSHIM_ERR_NOMEM, "server %d: out of memory", s->node->rank);
     }
-    if (p->npushed > 0 && p->cnt != cnt) {
-        snprintf(msg, sizeof(msg), "key %d: the workers cut it into different pieces (%zu and %zu elements at %zu): "
-                 "set the same DSHIM_PS_PIECE for every worker", h->key, p->cnt, cnt, p->off);
-        return reply_error(s, worker, h->seq, msg);
-    }
-    if (p->npushed == s->node->env.num_workers) {
-        snprintf(msg, sizeof(msg), "key %d: worker %d pushed the piece at %zu again before every worker's "
-                 "earlier push of it was answered", h->key, worker, p->off);
+    if (p->done || p->npushed + k->nwaiters >= nw) {
+        snprintf(msg, sizeof(msg), "key %d: worker %d pushed the piece at %zu once more than the %d workers there "
+                 "are in this round", h->key, worker, p->off, nw);
         return reply_error(s, worker, h->seq, msg);
     }
     s->ops->wait(s->ops->ctx, k->merged_cookie, 1);
     char *merged = (char *)k->merged + h->off * es;
-    if (p->npushed == 0) {
-        p->cnt = cnt;
-        memcpy(merged, s->buf, h->len);
+    if (p->npushed == 0 && k->nwaiters == 0) {
+        memcpy(merged, s->buf, h->len); /* the first values of this range */
     } else {
         DSHIM_CHECK(dshim_ps_add(merged, s->buf, cnt, k->dtype));
     }
+    p->cnt = cnt;
     p->waiters[p->npushed++] = (waiter_t){.worker = worker, .seq = h->seq, .want_pull = 1};
-    if (p->npushed < s->node->env.num_workers) {
-        return DSHIM_OK;
-    }
-    if (!s->ops->has_updater(s->ops->ctx)) {
-        /* the sum is the value (MXNet: stored = merged), piece by piece */
-        s->ops->wait(s->ops->ctx, k->stored_cookie, 1);
-        memcpy((char *)k->stored + p->off * es, merged, h->len);
-        dshim_status_t st = answer_piece(s, k, p);
-        drop_piece(k, p);
-        return st;
-    }
-    k->pieces_summed += cnt;
-    if (k->pieces_summed < k->n) {
-        return DSHIM_OK;
-    }
-    /* the whole key is summed: one update, then every piece's answer */
-    k->pieces_summed = 0;
-    DSHIM_CHECK(update_value(s, k));
-    for (size_t i = 0; i < k->npieces; i++) {
-        DSHIM_CHECK(answer_piece(s, k, &k->pieces[i]));
-    }
-    k->npieces = 0;
-    return DSHIM_OK;
+    return p->npushed + k->nwaiters == nw ? complete_pieces(s, k) : DSHIM_OK;
 }
 
 static dshim_status_t handle_push(server_t *s, int worker, const dshim_ps_hdr_t *h)
@@ -408,11 +501,6 @@ static dshim_status_t handle_push(server_t *s, int worker, const dshim_ps_hdr_t 
         return (h->flags & DSHIM_PS_F_PULL) ? answer_stored(s, k, worker, h->seq)
                                             : reply(s, worker, h->seq, DSHIM_PS_MSG_REPLY, NULL, 0);
     }
-    if (k->npieces > 0) {
-        snprintf(msg, sizeof(msg), "key %d: worker %d pushed it whole while others pushed it in pieces: set the same "
-                 "DSHIM_PS_PIECE for every worker", h->key, worker);
-        return reply_error(s, worker, h->seq, msg);
-    }
     if (n != k->n || h->dtype != k->dtype) {
         snprintf(msg, sizeof(msg), "key %d: worker %d pushed %zu elements of dtype %d but the key holds %zu of dtype "
                  "%d (the value size cannot change)", h->key, worker, n, h->dtype, k->n, k->dtype);
@@ -422,6 +510,9 @@ static dshim_status_t handle_push(server_t *s, int worker, const dshim_ps_hdr_t 
         snprintf(msg, sizeof(msg), "key %d: an async kvstore needs an optimizer on the servers (MXNet: \"Updater needs "
                  "to be set for async mode\"): call kv.set_optimizer first", h->key);
         return reply_error(s, worker, h->seq, msg);
+    }
+    if (s->sync_mode && (k->npieces > 0 || k->pieces_done > 0)) {
+        return whole_into_pieces(s, worker, h, k); /* others push this round's values in pieces */
     }
     s->ops->wait(s->ops->ctx, k->merged_cookie, 1);
     if (k->master) {

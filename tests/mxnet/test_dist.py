@@ -1,12 +1,15 @@
 """Unmodified MXNet 1.9.1 scripts with dist kvstores, each under MXNet's own ps-lite
 (dshim-run --no-preload) and under dshim (dshim-run, libdshim.so preloaded): the
 final parameters must equal ps-lite's."""
+import os
 import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
 
-from mxjob import PY, RUN, assert_params_equal, launch, load_params
+from mxjob import LIB, PY, RUN, SCRIPTS, assert_params_equal, clean_env, launch, load_params
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,6 +48,75 @@ def test_gluon_trainer_sum_in_pieces(tmp_path):
     assert_params_equal(tmp_path / "pslite", tmp_path / "pieces")
     # the weight's 99-element parts go as 7 pieces of <= 16 floats: many more pushes
     assert _worker_pushes(pieces) > 2 * _worker_pushes(whole) > 0, (pieces[-2000:], whole[-2000:])
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair: [(name, address), (name, address)]."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("needs root and iproute2 for network namespaces")
+    tag = "dshim-mx%d" % os.getpid()
+    names = [tag + "a", tag + "b"]
+    net = "10.78.%d." % (os.getpid() % 250)
+    made = []
+
+    def ip(*args):
+        subprocess.run(["ip"] + list(args), check=True, capture_output=True, timeout=20)
+
+    try:
+        for n in names:
+            ip("netns", "add", n)
+            made.append(n)
+        ip("-n", names[0], "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", names[1])
+        for n, dev, host in ((names[0], "va", 1), (names[1], "vb", 2)):
+            ip("-n", n, "addr", "add", "%s%d/24" % (net, host), "dev", dev)
+            ip("-n", n, "link", "set", "lo", "up")
+            ip("-n", n, "link", "set", dev, "up")
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        for n in made:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)
+        pytest.skip("cannot make network namespaces here: %s" % e)
+    try:
+        yield [(names[0], net + "1"), (names[1], net + "2")]
+    finally:
+        for n in made:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+def test_gluon_trainer_pieces_across_two_hosts(tmp_path, two_hosts):
+    """update_on_kvstore=False with a server and a worker on each of two namespace hosts (started by
+    hand): each worker pushes to the other host's server in pieces and to its own host's whole, so
+    every server sums rounds of mixed pieces and whole pushes; parameters equal ps-lite's."""
+    args = ["--update-on-kvstore", 0, "--hidden", 64, "--in-units", 16, "--steps", 10]
+    launch("gluon_trainer.py", tmp_path / "pslite", *args, dshim=False, env={"MXNET_ENGINE_TYPE": "NaiveEngine"})
+    whole = launch("gluon_trainer.py", tmp_path / "whole", *args, env={"DSHIM_PS_PIECE": "0"})
+    (ha, ipa), (hb, ipb) = two_hosts
+    out = tmp_path / "two"
+    out.mkdir()
+    base = {"DMLC_PS_ROOT_URI": ipa, "DMLC_PS_ROOT_PORT": str(9100 + os.getpid() % 500),
+            "DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "2", "LD_PRELOAD": str(LIB), "DSHIM_PS_COUNTERS": "1",
+            "DSHIM_PS_PIECE": "256"}  # the 64x16 weight (4 KiB) goes in 16 pieces
+    roles = [(ha, "scheduler", 0), (ha, "server", 0), (hb, "server", 1), (ha, "worker", 0), (hb, "worker", 1)]
+    procs = []
+    try:
+        for host, role, i in roles:
+            log = open(out / ("%s%d.log" % (role, i)), "w")
+            env = clean_env(dict(base, DMLC_ROLE=role, DMLC_TASK_ID=str(i)))
+            procs.append(subprocess.Popen(["ip", "netns", "exec", host, str(PY), str(SCRIPTS / "gluon_trainer.py"),
+                                           str(out)] + [str(a) for a in args], env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+            log.close()
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    logs = {f.name: f.read_text(errors="replace") for f in sorted(out.glob("*.log"))}
+    assert codes == [0] * len(roles), (codes, logs)
+    assert_params_equal(tmp_path / "pslite", out)
+    pushes = sum(int(m) for t in logs.values() for m in re.findall(r"\[dshim-ps worker \d+\] carried (\d+) pushes", t))
+    assert pushes > 2 * _worker_pushes(whole) > 0, logs
 
 
 def test_gluon_trainer_synchronous_calls(tmp_path):

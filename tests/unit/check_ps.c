@@ -3,9 +3,9 @@
  * a scheduler, servers with the plain memory store, and workers.  Sync mode
  * sums every worker's push before answering, the first push initialises a key,
  * async mode without an updater is refused with a message, sharded keys,
- * pushpulls in pieces (DSHIM_PS_PIECE; workers that cut a key differently are
- * an error, not a wrong sum), and a killed worker ends every other process
- * with an error naming it.  (The real
+ * pushpulls in pieces (DSHIM_PS_PIECE), pieces and whole pushes of one key in
+ * one round, workers that cut a key differently (an error, not a wrong sum),
+ * and a killed worker ends every other process with an error naming it.  (The real
  * MXNet runs in tests/mxnet; this covers the protocol in the sanitizer builds.)
  */
 #include <check.h>
@@ -23,8 +23,10 @@
 #include "ps.h"
 
 static int sleeper_pipe[2] = {-1, -1}; /* the parked worker writes its pid here */
-/* how the workers push after init: 0 whole parts; 1 pieces of piece_bytes,
- * several rounds; 2 rank 1 in pieces, the others whole (an error) */
+/* how the workers push after init, over several rounds: 0 whole parts; 1
+ * pieces of piece_bytes; 2 rank 1 in pieces, the others whole (as when only
+ * rank 1's server is on another host); 3 rank 1 in pieces of another size
+ * (an error) */
 static int piece_mode;
 static const size_t piece_bytes = 3 * sizeof(float); /* 7 pieces of a 19-element part, the last short */
 
@@ -39,12 +41,12 @@ static void count_done(void *arg, int ok)
 
 /* every part of key 3 as a pushpull in pieces; waits for their callbacks */
 static dshim_status_t pushpull_in_pieces(dshim_ps_node_t *node, const dshim_ps_part_t *parts, int np,
-                                         const float *v, float *out)
+                                         const float *v, float *out, size_t piece)
 {
     int left[2] = {np, 1}; /* callbacks to come, all ok */
     for (int p = 0; p < np; p++) {
         dshim_ps_worker_pushpull_pieces(node, parts[p].server, 3, 0, v + parts[p].offset, parts[p].count * 4,
-                                        out + parts[p].offset, piece_bytes, count_done, left);
+                                        out + parts[p].offset, piece, count_done, left);
     }
     double deadline = dshim_now() + 20;
     while (__atomic_load_n(&left[0], __ATOMIC_ACQUIRE) > 0 && dshim_now() < deadline) {
@@ -143,14 +145,16 @@ static int run_worker(int port, int nw, int ns, size_t n, int sleep_forever_rank
             pause(); /* the test kills this one */
         }
     }
-    const int rounds = piece_mode == 1 ? 3 : 1;
+    const int rounds = piece_mode ? 3 : 1;
     for (int round = 0; round < rounds; round++) {
         for (size_t i = 0; i < n; i++) {
             v[i] = (float)((rank + 1 + round) * (int)i);
         }
         dshim_status_t st;
-        if (piece_mode == 1 || (piece_mode == 2 && rank == 1)) {
-            st = pushpull_in_pieces(node, parts, np, v, out);
+        if (piece_mode == 1 || (piece_mode >= 2 && rank == 1)) {
+            st = pushpull_in_pieces(node, parts, np, v, out, piece_mode == 3 ? piece_bytes + 4 : piece_bytes);
+        } else if (piece_mode == 3) {
+            st = pushpull_in_pieces(node, parts, np, v, out, piece_bytes);
         } else {
             for (int p = 0; p < np; p++) {
                 dshim_ps_worker_push(node, parts[p].server, 3, 0, v + parts[p].offset, parts[p].count * 4,
@@ -247,9 +251,18 @@ START_TEST(sync_sum_in_pieces)
 }
 END_TEST
 
-START_TEST(pieces_and_whole_pushes_mixed_is_an_error)
+START_TEST(pieces_and_whole_pushes_mixed)
 {
     piece_mode = 2;
+    sync_sum_case(3, 2, 37); /* ranks 0 and 2 whole, rank 1 in pieces: the same sums */
+    sync_sum_case(2, 1, 5);
+    piece_mode = 0;
+}
+END_TEST
+
+START_TEST(pieces_of_different_sizes_are_an_error)
+{
+    piece_mode = 3;
     job_t job;
     start(&job, free_port(), 2, 1, 37, -1);
     double t0 = dshim_now();
@@ -298,7 +311,8 @@ int main(void)
     tcase_add_test(tc, sync_sum_one_server);
     tcase_add_test(tc, sync_sum_sharded_three_workers);
     tcase_add_test(tc, sync_sum_in_pieces);
-    tcase_add_test(tc, pieces_and_whole_pushes_mixed_is_an_error);
+    tcase_add_test(tc, pieces_and_whole_pushes_mixed);
+    tcase_add_test(tc, pieces_of_different_sizes_are_an_error);
     tcase_add_test(tc, killed_worker_ends_everyone);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
