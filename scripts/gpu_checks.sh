@@ -192,8 +192,9 @@ EOF
 # ---------------------------------------------------------------------------------------------
 # the steps
 # ---------------------------------------------------------------------------------------------
-STEPS_ALL="reduce-tests cuda-bench torch-backend-cuda nccl-ddp-np2 nccl-ddp-np4 nccl-ddp-np3-chunks ddp-dshim-np2
-ddp-dshim-np4 ddp-nccl-preload-np2 ddp-nccl-preload-np4 sweep-nccl-preload-np2 sweep-dshim-np2"
+STEPS_ALL="reduce-tests cuda-bench torch-backend-cuda nccl-ddp-np2 nccl-ddp-np4 nccl-ddp-np3-chunks
+nccl-ddp-np2-staged-chunks ddp-dshim-np2 ddp-dshim-np4 ddp-nccl-preload-np2 ddp-nccl-preload-np4
+sweep-nccl-preload-np2 sweep-nccl-staged-np2 sweep-nccl-staged-chunks-np2 sweep-dshim-np2"
 
 # the CUDA kernels against the cpu kernels, bit for bit (tests/gpu): ctest -L gpu where this
 # build's ctest files point at this tree, else the test programs themselves
@@ -267,6 +268,9 @@ step_nccl-ddp-np4() { nccl_ddp 4; }
 # the CUDA IPC path's chunking: 4 KiB slots, so the matrix's 10007-element tensors take many chunks
 # (both slots in turn) and a reduce-scatter's per-rank blocks split unevenly over 3 ranks
 step_nccl-ddp-np3-chunks() { nccl_ddp 3 4096; }
+# the staged path (as between hosts: DSHIM_NCCL_IPC=0) with large ops cut into 16 KiB chunks
+# (DSHIM_NCCL_STAGE_CHUNK): the matrix's 10007-element allreduce/broadcast/reduce take 3 chunks
+step_nccl-ddp-np2-staged-chunks() { DSHIM_NCCL_IPC=0 DSHIM_NCCL_STAGE_CHUNK=16k nccl_ddp 2; }
 
 # issue 6: examples/ddp_train.py unmodified, CUDA tensors + SyncBatchNorm, backend "dshim", N ranks
 # on the one GPU, against the single-process reference
@@ -321,6 +325,9 @@ step_sweep-nccl-preload-np2() {
     [ -s "$OUT/$STEP.txt" ] && note "$(tail -n 1 "$OUT/$STEP.txt")"
     exit $rc
 }
+# the staged path alone (as between hosts), whole and in 4 MiB chunks: what the pipelining gains
+step_sweep-nccl-staged-np2() { DSHIM_NCCL_IPC=0 step_sweep-nccl-preload-np2; }
+step_sweep-nccl-staged-chunks-np2() { DSHIM_NCCL_IPC=0 DSHIM_NCCL_STAGE_CHUNK=4m step_sweep-nccl-preload-np2; }
 step_sweep-dshim-np2() {
     need_torch_cuda
     run_ranks 2 "$OUT/logs/$STEP" "$PY" scripts/gpu_allreduce_sweep.py --backend dshim --out "$OUT/$STEP.txt"

@@ -25,8 +25,10 @@
  * staging: its copies and GPU kernels go on the caller's stream through CUDA
  * IPC (nccl_ipc.c), and only its barriers go through the proxy, as tasks
  * without ops (dshim_nccl_cuda_stream_barrier).  Still staged: alltoall,
- * gather/scatter, send/recv, PreMulSum, and every op between hosts (chunked
- * pipelining of copies with the network is the next step).
+ * gather/scatter, send/recv, PreMulSum, and every op between hosts; with
+ * DSHIM_NCCL_STAGE_CHUNK a large staged allreduce/broadcast/reduce runs as a
+ * row of chunk-sized batches whose copies overlap the proxy's network work
+ * (staged_in_chunks).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -617,40 +619,16 @@ ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t 
     return res;
 }
 
-static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int n, int lone, void **batch_p)
+/* A staged batch, first half: copies of the inputs into pinned staging,
+ * `ready`, and the hand-over to the proxy (*t_p, *seq_p).  The caller then
+ * queues the second half, enqueue_after_proxy(), and sets t->enqueued.  On
+ * an error nothing was handed over. */
+static ncclResult_t staged_begin(cuda_state_t *s, const dshim_nccl_op_t *ops, int n, cuda_task_t **t_p,
+                                 uint32_t *seq_p)
 {
-    (void)lone;  /* never waits: the stream does */
-    *batch_p = NULL;
-    cuda_state_t *s = NULL;
-    ncclResult_t res = state_get(comm, &s);
-    if (res != ncclSuccess) {
-        return res;
-    }
     const dshim_nccl_cuda_api_t *a = s->api;
     cudaStream_t stream = ops[0].stream;
-    if (s->ipc_state == 0 && dshim_nccl_ipc_eligible(comm, ops, n)) {
-        /* the first batch that could use CUDA IPC sets it up, on every rank
-         * (the same call everywhere), once the batches before it are done:
-         * the set-up exchanges messages on the communicator too */
-        cuda_drain(comm);
-        res = dshim_nccl_ipc_setup(comm, a, &s->ipc);
-        if (res != ncclSuccess) {
-            return res;
-        }
-        s->ipc_state = s->ipc ? 1 : -1;
-    }
-    DSHIM_TRACE("cuda batch: %d op(s), first kind %d, %zu elements of dtype %d, root %d, stream %p", n,
-                (int)ops[0].kind, ops[0].count, (int)ops[0].dtype, ops[0].root, (void *)stream);
-    if (s->ipc_state == 1 && dshim_nccl_ipc_eligible(comm, ops, n)) {
-        if (dshim_config()->nccl_ipc_async) {
-            /* queued on the caller's stream; its barriers go through the
-             * proxy in order with the staged batches */
-            return dshim_nccl_ipc_enqueue(s->ipc, comm, &ops[0], stream, 0);
-        }
-        /* on this thread, after the batches before it (nccl_ipc.c) */
-        cuda_drain(comm);
-        return dshim_nccl_ipc_enqueue(s->ipc, comm, &ops[0], stream, 1);
-    }
+    ncclResult_t res = ncclSuccess;
     cuda_task_t *t = calloc(1, sizeof(*t));
     if (!t || !(t->ops = malloc((size_t)n * sizeof(*t->ops))) ||
         !(t->blocks = calloc((size_t)n * 3, sizeof(*t->blocks)))) {
@@ -699,9 +677,121 @@ static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int 
         pthread_mutex_unlock(&s->lock);
         return res;
     }
-    uint32_t seq = queue_task(s, t);
     /* the proxy runs t from here on; the caller still reads t->ops and
      * records t->done, so t is reaped only once `enqueued` is set */
+    *seq_p = queue_task(s, t);
+    *t_p = t;
+    return ncclSuccess;
+}
+
+
+/* Ops whose elements are independent (element i of the output depends only
+ * on element i of the inputs) can run as a row of smaller ops. */
+static int chunkable(const dshim_nccl_op_t *o, size_t chunk)
+{
+    const size_t es = dshim_dtype_size(o->dtype);
+    return (o->kind == DSHIM_NCCL_ALLREDUCE || o->kind == DSHIM_NCCL_BROADCAST || o->kind == DSHIM_NCCL_REDUCE) &&
+           es > 0 && o->count * es > 2 * chunk;
+}
+
+/*
+ * A large staged op as a row of chunk-sized ops, queued so that the copies
+ * overlap the network: all input copies and hand-overs first, then, chunk by
+ * chunk, the wait for the proxy and the output copy.  The stream copies
+ * chunk c+1 to the host while the proxy runs chunk c's collective, and
+ * copies chunk c back while it runs chunk c+1.  Every rank cuts the op the
+ * same way (DSHIM_NCCL_STAGE_CHUNK must be equal everywhere: dshim's
+ * collective checks report a mismatch).
+ */
+static ncclResult_t staged_in_chunks(cuda_state_t *s, const dshim_nccl_op_t *o, size_t chunk)
+{
+    const size_t es = dshim_dtype_size(o->dtype);
+    const size_t per = chunk / es ? chunk / es : 1;
+    const size_t k = (o->count + per - 1) / per;
+    dshim_nccl_op_t *sub = calloc(k, sizeof(*sub));
+    cuda_task_t **tasks = calloc(k, sizeof(*tasks));
+    uint32_t *seqs = calloc(k, sizeof(*seqs));
+    if (!sub || !tasks || !seqs) {
+        free(sub);
+        free(tasks);
+        free(seqs);
+        return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
+    }
+    ncclResult_t res = ncclSuccess;
+    size_t started = 0;
+    for (size_t c = 0; c < k && res == ncclSuccess; c++) {
+        const size_t off = c * per, cnt = o->count - off < per ? o->count - off : per;
+        sub[c] = *o;
+        sub[c].count = cnt;
+        if (o->send_bytes) {
+            sub[c].sbuf = (const char *)o->sbuf + off * es;
+            sub[c].send_bytes = cnt * es;
+        }
+        if (o->recv_bytes) {
+            sub[c].rbuf = (char *)o->rbuf + off * es;
+            sub[c].recv_bytes = cnt * es;
+        }
+        res = staged_begin(s, &sub[c], 1, &tasks[c], &seqs[c]);
+        started += res == ncclSuccess;
+    }
+    /* every chunk handed over gets its second half, even after an error:
+     * its staging is given back only once its `done` fired */
+    for (size_t c = 0; c < started; c++) {
+        ncclResult_t r = enqueue_after_proxy(s, tasks[c], &sub[c], 1, seqs[c]);
+        __atomic_store_n(&tasks[c]->enqueued, 1, __ATOMIC_RELEASE);
+        res = res == ncclSuccess ? r : res;
+    }
+    DSHIM_TRACE("staged op of %zu elements in %zu chunks of up to %zu", o->count, k, per);
+    free(sub);
+    free(tasks);
+    free(seqs);
+    return res;
+}
+
+static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int n, int lone, void **batch_p)
+{
+    (void)lone;  /* never waits: the stream does */
+    *batch_p = NULL;
+    cuda_state_t *s = NULL;
+    ncclResult_t res = state_get(comm, &s);
+    if (res != ncclSuccess) {
+        return res;
+    }
+    const dshim_nccl_cuda_api_t *a = s->api;
+    cudaStream_t stream = ops[0].stream;
+    if (s->ipc_state == 0 && dshim_nccl_ipc_eligible(comm, ops, n)) {
+        /* the first batch that could use CUDA IPC sets it up, on every rank
+         * (the same call everywhere), once the batches before it are done:
+         * the set-up exchanges messages on the communicator too */
+        cuda_drain(comm);
+        res = dshim_nccl_ipc_setup(comm, a, &s->ipc);
+        if (res != ncclSuccess) {
+            return res;
+        }
+        s->ipc_state = s->ipc ? 1 : -1;
+    }
+    DSHIM_TRACE("cuda batch: %d op(s), first kind %d, %zu elements of dtype %d, root %d, stream %p", n,
+                (int)ops[0].kind, ops[0].count, (int)ops[0].dtype, ops[0].root, (void *)stream);
+    if (s->ipc_state == 1 && dshim_nccl_ipc_eligible(comm, ops, n)) {
+        if (dshim_config()->nccl_ipc_async) {
+            /* queued on the caller's stream; its barriers go through the
+             * proxy in order with the staged batches */
+            return dshim_nccl_ipc_enqueue(s->ipc, comm, &ops[0], stream, 0);
+        }
+        /* on this thread, after the batches before it (nccl_ipc.c) */
+        cuda_drain(comm);
+        return dshim_nccl_ipc_enqueue(s->ipc, comm, &ops[0], stream, 1);
+    }
+    const size_t chunk = dshim_config()->nccl_stage_chunk;
+    if (n == 1 && chunk > 0 && chunkable(&ops[0], chunk)) {
+        return staged_in_chunks(s, &ops[0], chunk);
+    }
+    cuda_task_t *t = NULL;
+    uint32_t seq = 0;
+    res = staged_begin(s, ops, n, &t, &seq);
+    if (res != ncclSuccess) {
+        return res;
+    }
     res = enqueue_after_proxy(s, t, ops, n, seq);
     __atomic_store_n(&t->enqueued, 1, __ATOMIC_RELEASE);
     return res;
