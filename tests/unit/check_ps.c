@@ -28,6 +28,27 @@ static int sleeper_pipe[2] = {-1, -1}; /* the parked worker writes its pid here 
  * rank 1's server is on another host); 3 rank 1 in pieces of another size
  * (an error) */
 static int piece_mode;
+/* 1: the servers run an updater, stored += 0.5 * merged (keys of test_n
+ * floats on one server), instead of storing the sum */
+static int server_updater;
+static size_t test_n;
+
+static int half_sum_has_updater(void *ctx)
+{
+    (void)ctx;
+    return 1;
+}
+
+static int half_sum_update(void *ctx, int key, void *recv_cookie, void *stored_cookie)
+{
+    (void)ctx, (void)key;
+    const float *recv = recv_cookie; /* the plain store: a cookie is the data */
+    float *stored = stored_cookie;
+    for (size_t i = 0; i < test_n; i++) {
+        stored[i] += 0.5f * recv[i];
+    }
+    return 0;
+}
 static const size_t piece_bytes = 3 * sizeof(float); /* 7 pieces of a 19-element part, the last short */
 
 static void count_done(void *arg, int ok)
@@ -102,7 +123,8 @@ static int run_server(int port, int nw, int ns)
     }
     dshim_status_t st = dshim_ps_barrier(node, DSHIM_PS_GROUP_ALL);
     if (st == DSHIM_OK) {
-        st = dshim_ps_server_run(node, NULL);
+        const dshim_ps_server_ops_t updater = {.has_updater = half_sum_has_updater, .update = half_sum_update};
+        st = dshim_ps_server_run(node, server_updater ? &updater : NULL);
     }
     dshim_ps_node_finish(node, st != DSHIM_OK);
     return st == DSHIM_OK ? 0 : 5;
@@ -146,6 +168,7 @@ static int run_worker(int port, int nw, int ns, size_t n, int sleep_forever_rank
         }
     }
     const int rounds = piece_mode ? 3 : 1;
+    float acc = 0; /* with the updater: what it added up to so far */
     for (int round = 0; round < rounds; round++) {
         for (size_t i = 0; i < n; i++) {
             v[i] = (float)((rank + 1 + round) * (int)i);
@@ -171,6 +194,10 @@ static int run_worker(int port, int nw, int ns, size_t n, int sleep_forever_rank
         }
         /* no optimizer on the servers: the value is the sum of this round's pushes */
         float factor = (float)(nw * (nw + 1) / 2 + nw * round);
+        if (server_updater) {
+            acc += 0.5f * factor;
+            factor = acc;
+        }
         for (size_t i = 0; i < n; i++) {
             if (out[i] != factor * (float)i) {
                 fprintf(stderr, "worker %d: element %zu is %g, expected %g\n", rank, i, out[i], factor * (float)i);
@@ -260,6 +287,20 @@ START_TEST(pieces_and_whole_pushes_mixed)
 }
 END_TEST
 
+START_TEST(pieces_with_an_updater_on_the_server)
+{
+    /* every piece summed, one update of the whole key, then every answer */
+    server_updater = 1;
+    test_n = 37;
+    piece_mode = 1;
+    sync_sum_case(3, 1, 37);
+    piece_mode = 2; /* and with a worker pushing whole */
+    sync_sum_case(3, 1, 37);
+    piece_mode = 0;
+    server_updater = 0;
+}
+END_TEST
+
 START_TEST(pieces_of_different_sizes_are_an_error)
 {
     piece_mode = 3;
@@ -312,6 +353,7 @@ int main(void)
     tcase_add_test(tc, sync_sum_sharded_three_workers);
     tcase_add_test(tc, sync_sum_in_pieces);
     tcase_add_test(tc, pieces_and_whole_pushes_mixed);
+    tcase_add_test(tc, pieces_with_an_updater_on_the_server);
     tcase_add_test(tc, pieces_of_different_sizes_are_an_error);
     tcase_add_test(tc, killed_worker_ends_everyone);
     suite_add_tcase(su, tc);
