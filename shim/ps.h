@@ -99,7 +99,8 @@ dshim_status_t dshim_ps_worker_connect(dshim_ps_node_t *node);
 /* Completion of an asynchronous request: ok = 1 when answered. */
 typedef void (*dshim_ps_done_fn)(void *arg, int ok);
 /* dshim_ps_worker_push with a callback (run on the receiver thread) instead of
- * dshim_ps_worker_wait_all; safe from any thread. */
+ * dshim_ps_worker_wait_all; safe from any thread.  fn runs exactly once --
+ * also when this call returns an error. */
 dshim_status_t dshim_ps_worker_push_cb(dshim_ps_node_t *node, int server, int key, int dtype, const void *payload,
                                        size_t len, int want_pull, void *out, size_t out_len, dshim_ps_done_fn fn,
                                        void *arg);

@@ -327,10 +327,15 @@ void dshim_ps_worker_stop(dshim_ps_node_t *node)
 static dshim_status_t failed_status(dshim_ps_node_t *node)
 {
     const char *f = dshim_ps_failure(node);
-    if (f == NULL && node->recv_error[0]) {
-        f = node->recv_error;
+    if (f != NULL) {
+        return dshim_error_quiet(DSHIM_ERR_PEER, "%s", f);
     }
-    return f != NULL ? dshim_error_quiet(DSHIM_ERR_PEER, "%s", f) : DSHIM_OK;
+    /* the receiver thread writes recv_error (under pend_mu) when it fails */
+    char why[sizeof(node->recv_error)];
+    pthread_mutex_lock(&node->pend_mu);
+    memcpy(why, node->recv_error, sizeof(why));
+    pthread_mutex_unlock(&node->pend_mu);
+    return why[0] ? dshim_error_quiet(DSHIM_ERR_PEER, "%s", why) : DSHIM_OK;
 }
 
 static dshim_status_t send_to(dshim_ps_node_t *node, int server, dshim_ps_hdr_t *h, const void *payload)
@@ -353,7 +358,13 @@ static dshim_status_t push_common(dshim_ps_node_t *node, int server, int key, in
                                   size_t out_len, dshim_ps_done_fn fn, void *arg)
 {
     uint32_t seq = 0;
-    DSHIM_CHECK(add_pending(node, server, want_pull ? out : NULL, want_pull ? out_len : 0, fn, arg, &seq));
+    dshim_status_t st = add_pending(node, server, want_pull ? out : NULL, want_pull ? out_len : 0, fn, arg, &seq);
+    if (st != DSHIM_OK) {
+        if (fn != NULL) {
+            fn(arg, 0);
+        }
+        return st;
+    }
     dshim_ps_hdr_t h;
     dshim_ps_hdr_init(&h, DSHIM_PS_MSG_PUSH, key, len);
     h.dtype = (uint16_t)dtype;
@@ -361,12 +372,16 @@ static dshim_status_t push_common(dshim_ps_node_t *node, int server, int key, in
     h.nelem = nelem;
     h.flags = (uint8_t)((want_pull ? DSHIM_PS_F_PULL : 0) | (compressed ? DSHIM_PS_F_COMPRESSED : 0));
     __atomic_add_fetch(&node->n_push, 1, __ATOMIC_RELAXED);
-    dshim_status_t st = send_to(node, server, &h, payload);
+    st = send_to(node, server, &h, payload);
     if (st != DSHIM_OK) {
-        /* not sent: the caller handles it, the receiver must not complete it too */
+        /* not sent: it ends here, unless the receiver thread, seeing the job
+         * fail, already ended it (then its callback ran there) */
         pthread_mutex_lock(&node->pend_mu);
         dshim_ps_pending_t *p = take_pending(node, server, seq);
         pthread_mutex_unlock(&node->pend_mu);
+        if (p != NULL && p->on_done != NULL) {
+            p->on_done(p->arg, 0);
+        }
         free(p);
     }
     return st;
@@ -449,11 +464,13 @@ dshim_status_t dshim_ps_worker_pushpull_pieces(dshim_ps_node_t *node, int server
         __atomic_add_fetch(&node->n_push, 1, __ATOMIC_RELAXED);
         st = send_to(node, server, &h, (const char *)payload + off * es);
         if (st != DSHIM_OK) {
-            /* not sent: it will not be answered, and the receiver must not
-             * complete it either */
+            /* not sent: it will not be answered; it ends below with the
+             * unsent ones, unless the receiver thread, seeing the job fail,
+             * already ended it (then it counts as sent) */
             pthread_mutex_lock(&node->pend_mu);
             dshim_ps_pending_t *p = take_pending(node, server, seq);
             pthread_mutex_unlock(&node->pend_mu);
+            sent += p == NULL;
             free(p);
             break;
         }

@@ -169,8 +169,7 @@ static void engine_fn(void *rctx, void *on_complete, void *param)
         }
         if (dshim_ps_worker_push_cb(kv->node, parts[i].server, op->key, op->dtype, send + at, parts[i].count * es, 1,
                                     recv + at, parts[i].count * es, part_done, op) != DSHIM_OK) {
-            set_error(kv, dshim_last_error());
-            part_done(op, 0);
+            set_error(kv, dshim_last_error()); /* part_done ran (with ok = 0) */
         }
     }
     part_done(op, 1);

@@ -22,7 +22,10 @@
 #include "net.h"
 #include "ps.h"
 
-static int sleeper_pipe[2] = {-1, -1}; /* the parked worker writes its pid here */
+static int sleeper_pipe[2] = {-1, -1}; /* the parked worker (or server) writes its pid here */
+/* 1: the server parks after the start-up barrier (the test kills it) and the
+ * worker keeps sending requests to it: run_dead_server_worker */
+static int server_sleeps;
 /* how the workers push after init, over several rounds: 0 whole parts; 1
  * pieces of piece_bytes; 2 rank 1 in pieces, the others whole (as when only
  * rank 1's server is on another host); 3 rank 1 in pieces of another size
@@ -80,15 +83,28 @@ static dshim_status_t pushpull_in_pieces(dshim_ps_node_t *node, const dshim_ps_p
     return DSHIM_OK;
 }
 
+/* A free port below the kernel's ephemeral range (32768 up): a port the
+ * kernel handed out could be handed again -- to another test's outgoing
+ * connection or listener -- between this check and the scheduler's bind,
+ * and then the job waits out its connect timeout. */
 static int free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sa);
-    bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    close(fd);
-    return ntohs(sa.sin_port);
+    static unsigned seed;
+    if (seed == 0) {
+        seed = (unsigned)getpid() ^ (unsigned)(dshim_now() * 1e6);
+    }
+    for (int tries = 0; tries < 200; tries++) {
+        int port = 20000 + (int)(rand_r(&seed) % 12000);
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        int ok = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+        close(fd);
+        if (ok) {
+            return port;
+        }
+    }
+    ck_abort_msg("no free port in 20000-31999");
+    return -1;
 }
 
 static dshim_ps_env_t make_env(dshim_ps_role_t role, int port, int nw, int ns)
@@ -122,6 +138,14 @@ static int run_server(int port, int nw, int ns)
         return 4;
     }
     dshim_status_t st = dshim_ps_barrier(node, DSHIM_PS_GROUP_ALL);
+    if (st == DSHIM_OK && server_sleeps) {
+        pid_t me = getpid();
+        ssize_t w = write(sleeper_pipe[1], &me, sizeof(me));
+        (void)w;
+        for (;;) {
+            pause(); /* never reads a request; the test kills it */
+        }
+    }
     if (st == DSHIM_OK) {
         const dshim_ps_server_ops_t updater = {.has_updater = half_sum_has_updater, .update = half_sum_update};
         st = dshim_ps_server_run(node, server_updater ? &updater : NULL);
@@ -219,6 +243,62 @@ static int run_worker(int port, int nw, int ns, size_t n, int sleep_forever_rank
     return dshim_ps_node_finish(node, 0) == DSHIM_OK ? 0 : 14;
 }
 
+/* Counts how often each request's callback ran. */
+static int end_counts[4096];
+
+static void count_end(void *arg, int ok)
+{
+    (void)ok;
+    __atomic_add_fetch((int *)arg, 1, __ATOMIC_ACQ_REL);
+}
+
+/* Sends requests (pushpulls in pieces and whole) to a server that the test
+ * kills meanwhile, until the job's failure shows, then checks that every
+ * request's callback ran exactly once: whether a send failed first or the
+ * receiver thread failed the request first (both happen), never twice (a
+ * double free of a piece group) nor never (a hang in MXNet's engine). */
+static int run_dead_server_worker(int port)
+{
+    dshim_ps_env_t e = make_env(DSHIM_PS_WORKER, port, 1, 1);
+    dshim_ps_node_t *node;
+    if (dshim_ps_node_start(&e, &node) != DSHIM_OK || dshim_ps_worker_connect(node) != DSHIM_OK ||
+        dshim_ps_barrier(node, DSHIM_PS_GROUP_ALL) != DSHIM_OK) {
+        return 6;
+    }
+    static float v[16], out[16];
+    const int max = (int)(sizeof(end_counts) / sizeof(end_counts[0]));
+    int issued = 0, errors = 0;
+    double stop_at = dshim_now() + 8;
+    while (issued < max && errors < 50 && dshim_now() < stop_at) {
+        dshim_status_t st =
+            issued % 2 ? dshim_ps_worker_pushpull_pieces(node, 0, 3, 0, v, sizeof(v), out, 4 * sizeof(float),
+                                                         count_end, &end_counts[issued])
+                       : dshim_ps_worker_push_cb(node, 0, 3, 0, v, sizeof(v), 1, out, sizeof(out), count_end,
+                                                 &end_counts[issued]);
+        issued++;
+        errors += st != DSHIM_OK;
+        usleep(2000);
+    }
+    /* within the 3 s after which a failed job's process is ended (exit 1) */
+    double deadline = dshim_now() + 2;
+    for (int i = 0; i < issued; i++) {
+        while (__atomic_load_n(&end_counts[i], __ATOMIC_ACQUIRE) == 0 && dshim_now() < deadline) {
+            usleep(1000);
+        }
+    }
+    usleep(100 * 1000); /* a second call would come now */
+    int rc = errors ? 0 : 15; /* the server's death must show as errors */
+    for (int i = 0; i < issued; i++) {
+        int c = __atomic_load_n(&end_counts[i], __ATOMIC_ACQUIRE);
+        if (c != 1) {
+            fprintf(stderr, "request %d of %d: its callback ran %d times\n", i, issued, c);
+            rc = 16;
+        }
+    }
+    dshim_ps_node_finish(node, 1);
+    return rc;
+}
+
 typedef struct job {
     pid_t pids[16];
     int n;
@@ -233,7 +313,8 @@ static void start(job_t *job, int port, int nw, int ns, size_t n, int sleeper)
             alarm(60);
             int rc = r == 0 ? run_scheduler(port, nw, ns)
                    : r <= ns ? run_server(port, nw, ns)
-                             : run_worker(port, nw, ns, n, sleeper);
+                   : server_sleeps ? run_dead_server_worker(port)
+                                   : run_worker(port, nw, ns, n, sleeper);
             _exit(rc);
         }
         job->pids[job->n++] = pid;
@@ -344,6 +425,28 @@ START_TEST(killed_worker_ends_everyone)
 }
 END_TEST
 
+START_TEST(requests_to_a_dead_server_end_once)
+{
+    server_sleeps = 1;
+    job_t job;
+    ck_assert_int_eq(pipe(sleeper_pipe), 0);
+    start(&job, free_port(), 1, 1, 16, -1);
+    pid_t server = 0;
+    ck_assert_int_eq(read(sleeper_pipe[0], &server, sizeof(server)), (int)sizeof(server));
+    usleep(200 * 1000); /* the worker's first requests wait in the server's socket */
+    kill(server, SIGKILL);
+    int worker_rc = wait_code(job.pids[2]);
+    for (int i = 0; i < 2; i++) {
+        wait_code(job.pids[i]);
+    }
+    close(sleeper_pipe[0]);
+    close(sleeper_pipe[1]);
+    server_sleeps = 0;
+    ck_assert_msg(worker_rc == 0, "the worker exited with %d (15: no request failed; 16: a callback ran 0 or 2 "
+                  "times; 1: ended by the failed job's timer, waiting for a callback)", worker_rc);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("ps");
@@ -356,6 +459,7 @@ int main(void)
     tcase_add_test(tc, pieces_with_an_updater_on_the_server);
     tcase_add_test(tc, pieces_of_different_sizes_are_an_error);
     tcase_add_test(tc, killed_worker_ends_everyone);
+    tcase_add_test(tc, requests_to_a_dead_server_end_once);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_ENV);
