@@ -167,6 +167,14 @@ DSHIM_EXPORT dshim_status_t dshim_reduce_scatter(dshim_comm_t *comm, const void 
 DSHIM_EXPORT dshim_status_t dshim_ireduce_scatter(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
                                                   size_t recvcount, dshim_dtype_t dtype, dshim_redop_t op,
                                                   dshim_request_t **req_p);
+/* Uneven (MPI_Reduce_scatter): sendbuf holds the blocks one after the other,
+ * block j recvcounts[j] elements; rank r gets block r reduced (recvcounts[r]
+ * elements).  Every rank passes the same recvcounts. */
+DSHIM_EXPORT dshim_status_t dshim_reduce_scatterv(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                                  const size_t *recvcounts, dshim_dtype_t dtype, dshim_redop_t op);
+DSHIM_EXPORT dshim_status_t dshim_ireduce_scatterv(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                                   const size_t *recvcounts, dshim_dtype_t dtype, dshim_redop_t op,
+                                                   dshim_request_t **req_p);
 /* Each rank sends block j (count elements) to rank j. */
 DSHIM_EXPORT dshim_status_t dshim_alltoall(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
                                            size_t count, dshim_dtype_t dtype);

@@ -51,39 +51,45 @@ dshim_status_t dshim_algo_allgatherv(dshim_comm_t *comm, dshim_request_t *req)
 }
 
 /* Ring reduce-scatter: the partial of block b travels the ring collecting
- * every rank's contribution and ends complete at rank b. */
+ * every rank's contribution and ends complete at rank b.  Blocks are even
+ * (count each) or, for reduce_scatterv, counts[b] elements at displs[b]. */
 dshim_status_t dshim_algo_reduce_scatter(dshim_comm_t *comm, dshim_request_t *req)
 {
     int n = comm->size, r = comm->rank;
     size_t es = dshim_dtype_size(req->dtype);
-    size_t bb = req->count * es;
+    const int uneven = req->counts != NULL;
+    const size_t total = uneven ? req->count : req->count * (size_t)n;
+#define BLOCK_OFF(b) ((uneven ? req->displs[b] : (size_t)(b) * req->count) * es)
+#define BLOCK_LEN(b) ((uneven ? req->counts[b] : req->count) * es)
     const char *in = req->sbuf;
-    if (bb == 0) {
+    if (total == 0) {
         return DSHIM_OK;
     }
     if (n == 1) {
         if (req->rbuf != req->sbuf) {
-            memmove(req->rbuf, req->sbuf, bb);
+            memmove(req->rbuf, req->sbuf, total * es);
         }
         return DSHIM_OK;
     }
     char *acc;
-    DSHIM_CHECK(dshim_comm_scratch(comm, bb * (size_t)n, (void **)&acc));
+    DSHIM_CHECK(dshim_comm_scratch(comm, total * es, (void **)&acc));
     dshim_xfer_op_t *ops;
     DSHIM_CHECK(alloc_ops((size_t)2 * (size_t)(n - 1), &ops));
     int k = 0, right = mod(r + 1, n), left = mod(r - 1, n);
     dshim_xfer_op_t *prev = NULL;
     for (int s = 0; s < n - 1; s++) {
         int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
-        ops[k] = dshim_xf_send(right, (s == 0 ? in : acc) + (size_t)sb * bb, bb);
+        ops[k] = dshim_xf_send(right, (s == 0 ? in : acc) + BLOCK_OFF(sb), BLOCK_LEN(sb));
         ops[k].dep = prev;
         int last = s == n - 2;
-        ops[k + 1] = dshim_xf_recv_reduce(left, last ? (char *)req->rbuf : acc + (size_t)rb * bb, in + (size_t)rb * bb,
-                                          bb, 1);
+        ops[k + 1] = dshim_xf_recv_reduce(left, last ? (char *)req->rbuf : acc + BLOCK_OFF(rb), in + BLOCK_OFF(rb),
+                                          BLOCK_LEN(rb), 1);
         ops[k + 1].avg_div = last && req->op == DSHIM_AVG;
         prev = &ops[k + 1];
         k += 2;
     }
+#undef BLOCK_OFF
+#undef BLOCK_LEN
     dshim_status_t st = dshim_xfer(comm, &req->sig, ops, k);
     free(ops);
     return st;

@@ -253,6 +253,58 @@ static dshim_status_t reduce_scatter_(dshim_comm_t *comm, const void *sbuf, void
     return issue(comm, &r, req_p);
 }
 
+/* The request's counts/displs are its own copy (the caller's array may go
+ * before a queued request runs); its count is the sum, as in the signature. */
+static dshim_status_t reduce_scatterv_(dshim_comm_t *comm, const void *sbuf, void *rbuf, const size_t *counts,
+                                       dshim_dtype_t dt, dshim_redop_t op, dshim_request_t **req_p)
+{
+    DSHIM_CHECK(check_common(comm, dt, "reduce_scatterv"));
+    DSHIM_CHECK(check_op(comm, dt, op, "reduce_scatterv"));
+    if (!counts) {
+        return dshim_error(DSHIM_ERR_INVALID, "rank %d: reduce_scatterv: recvcounts is NULL", comm->rank);
+    }
+    int n = comm->size;
+    size_t *owned = malloc(sizeof(size_t) * 2 * (size_t)n);
+    if (!owned) {
+        return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
+    }
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        owned[i] = counts[i];
+        owned[n + i] = total;
+        total += counts[i];
+    }
+    dshim_status_t st = check_buf(comm, sbuf, total, "sendbuf", "reduce_scatterv");
+    if (st == DSHIM_OK) {
+        st = check_buf(comm, rbuf, counts[comm->rank], "recvbuf", "reduce_scatterv");
+    }
+    if (st != DSHIM_OK) {
+        free(owned);
+        return st;
+    }
+    dshim_request_t r;
+    init_req(&r, dshim_algo_reduce_scatter, DSHIM_COLL_REDUCE_SCATTERV, sbuf, rbuf, total, dt, op, -1);
+    r.owned = owned;
+    r.counts = owned;
+    r.displs = owned + n;
+    return issue(comm, &r, req_p);
+}
+
+DSHIM_EXPORT dshim_status_t dshim_reduce_scatterv(dshim_comm_t *c, const void *s, void *r, const size_t *counts,
+                                                  dshim_dtype_t d, dshim_redop_t o)
+{
+    return reduce_scatterv_(c, s, r, counts, d, o, NULL);
+}
+
+DSHIM_EXPORT dshim_status_t dshim_ireduce_scatterv(dshim_comm_t *c, const void *s, void *r, const size_t *counts,
+                                                   dshim_dtype_t d, dshim_redop_t o, dshim_request_t **q)
+{
+    if (!q) {
+        return dshim_error(DSHIM_ERR_INVALID, "ireduce_scatterv: req_p is NULL");
+    }
+    return reduce_scatterv_(c, s, r, counts, d, o, q);
+}
+
 DSHIM_EXPORT dshim_status_t dshim_reduce_scatter(dshim_comm_t *c, const void *s, void *r, size_t n, dshim_dtype_t d,
                                                  dshim_redop_t o)
 {

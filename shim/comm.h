@@ -62,6 +62,7 @@ typedef enum dshim_coll_kind {
     DSHIM_COLL_P2P,
     DSHIM_COLL_BARRIER,
     DSHIM_COLL_INTERNAL, /* split, destroy handshakes */
+    DSHIM_COLL_REDUCE_SCATTERV,
 } dshim_coll_kind_t;
 
 const char *dshim_coll_name(int coll);

@@ -38,8 +38,8 @@ const char *dshim_coll_name(int coll)
 {
     static const char *names[] = {"?", "allreduce", "broadcast", "reduce", "allgather", "allgatherv",
                                   "reduce_scatter", "alltoall", "alltoallv", "gather", "scatter",
-                                  "send/recv", "barrier", "internal"};
-    if (coll < 0 || coll > DSHIM_COLL_INTERNAL) {
+                                  "send/recv", "barrier", "internal", "reduce_scatterv"};
+    if (coll < 0 || coll > DSHIM_COLL_REDUCE_SCATTERV) {
         return "unknown-collective";
     }
     return names[coll];
@@ -50,7 +50,8 @@ static void describe_call(char *out, size_t len, int coll, int dtype, int redop,
 {
     int n = snprintf(out, len, "%s #%" PRIu64 " (%" PRIu64 " x %s", dshim_coll_name(coll), seq, count,
                      dshim_dtype_name((dshim_dtype_t)dtype));
-    if (coll == DSHIM_COLL_ALLREDUCE || coll == DSHIM_COLL_REDUCE || coll == DSHIM_COLL_REDUCE_SCATTER) {
+    if (coll == DSHIM_COLL_ALLREDUCE || coll == DSHIM_COLL_REDUCE || coll == DSHIM_COLL_REDUCE_SCATTER ||
+        coll == DSHIM_COLL_REDUCE_SCATTERV) {
         n += snprintf(out + n, len - (size_t)n, ", %s", dshim_redop_name((dshim_redop_t)redop));
     }
     if (coll == DSHIM_COLL_BROADCAST || coll == DSHIM_COLL_REDUCE || coll == DSHIM_COLL_GATHER ||

@@ -379,18 +379,16 @@ class DshimProcessGroup(dist.ProcessGroup):
         lib = self._dshim_lib
         sync = not _is_async(opts)
         counts = [i.numel() for i in ins]
+        dst = stage.output(out)
+        dview = torch.view_as_real(dst) if view is not None else dst
         if all(c == counts[0] for c in counts):
-            dst = stage.output(out)
-            dview = torch.view_as_real(dst) if view is not None else dst
             fn = lib.dshim_reduce_scatter if sync else lib.dshim_ireduce_scatter
             calls = ((fn, (fview.data_ptr(), dview.data_ptr(), dview.numel(), dt, op)),)
         else:
-            # uneven blocks: dshim has no reduce_scatter_v; reduce everything, keep my block
-            fn = lib.dshim_allreduce if sync else lib.dshim_iallreduce
-            calls = ((fn, (fview.data_ptr(), fview.data_ptr(), fview.numel(), dt, op)),)
-            off = _cumsum(counts)[self._rank]
-            stage.keep.append(out)
-            stage.add_back(out, flat[off:off + out.numel()])
+            # uneven blocks (counts in the elements dshim sees: complex ones are pairs)
+            per = 2 if view is not None else 1
+            fn = lib.dshim_reduce_scatterv if sync else lib.dshim_ireduce_scatterv
+            calls = ((fn, (fview.data_ptr(), dview.data_ptr(), _lib.size_array([c * per for c in counts]), dt, op)),)
         return self._go("reduce_scatter", opts, calls, stage, output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts=None):

@@ -189,6 +189,35 @@ static void test_reductions(suite_t *s, dshim_dtype_t d, dshim_redop_t op, size_
         free(big);
         free(bigref);
     }
+
+    /* reduce_scatterv: block r has (count + 3r) % (count + 2) elements (some
+     * empty, some longer than count), non-blocking */
+    {
+        size_t *rc = xmalloc(sizeof(size_t) * (size_t)n), tot = 0, mine_at = 0;
+        for (int r = 0; r < n; r++) {
+            rc[r] = (count + 3 * (size_t)r) % (count + 2);
+            mine_at += r < s->rank ? rc[r] : 0;
+            tot += rc[r];
+        }
+        void *vin = xmalloc(tot * es), *vref = reference(s, tot, d, op, seed + 2);
+        void *vout = xmalloc(rc[s->rank] * es + 1);
+        fill(vin, tot, d, op, s->rank, seed + 2);
+        memset(vout, 0xAB, rc[s->rank] * es + 1);
+        dshim_request_t *vreq = NULL;
+        st = dshim_ireduce_scatterv(s->comm, vin, vout, rc, d, op, &vreq);
+        free(rc); /* the call keeps its own copy */
+        if (st == DSHIM_OK) {
+            st = dshim_wait(vreq);
+            dshim_request_free(vreq);
+        }
+        size_t mine = (count + 3 * (size_t)s->rank) % (count + 2);
+        report(s, st == DSHIM_OK && memcmp(vout, (char *)vref + mine_at * es, mine * es) == 0 &&
+                      ((unsigned char *)vout)[mine * es] == 0xAB,
+               "ireduce_scatterv", d, op, mine, st);
+        free(vin);
+        free(vref);
+        free(vout);
+    }
     free(in);
     free(out);
     free(ref);

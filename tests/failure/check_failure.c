@@ -118,8 +118,13 @@ static int body_mismatch(int rank, int size, int port, void *arg)
     } else if (kind == 1) {
         st = rank == 0 ? dshim_allreduce(comm, buf, buf, 100, DSHIM_FLOAT32, DSHIM_SUM)
                        : dshim_broadcast(comm, buf, 100, DSHIM_FLOAT32, 0);
-    } else {
+    } else if (kind == 2) {
         st = dshim_allreduce(comm, buf, buf, 100, rank == 0 ? DSHIM_FLOAT32 : DSHIM_INT32, DSHIM_SUM);
+    } else {
+        /* the same total, cut differently: sizes differ, not the signature */
+        const size_t cuts[2][2] = {{100, 200}, {200, 100}};
+        static float out[300];
+        st = dshim_reduce_scatterv(comm, buf, out, cuts[rank], DSHIM_FLOAT32, DSHIM_SUM);
     }
     dshim_comm_destroy(comm);
     if (st != DSHIM_OK) {
@@ -164,6 +169,12 @@ END_TEST
 START_TEST(test_mismatched_dtype)
 {
     run_mismatch(2, "float32", "int32");
+}
+END_TEST
+
+START_TEST(test_mismatched_reduce_scatterv_counts)
+{
+    run_mismatch(3, "sizes in reduce_scatterv", "bytes where this rank expected");
 }
 END_TEST
 
@@ -690,6 +701,7 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_mismatched_count);
     tcase_add_test(tc, test_mismatched_kind);
     tcase_add_test(tc, test_mismatched_dtype);
+    tcase_add_test(tc, test_mismatched_reduce_scatterv_counts);
     tcase_add_test(tc, test_timeout_names_missing_rank);
     tcase_add_test(tc, test_comm_set_timeout);
     tcase_add_test(tc, test_zero_byte_p2p);

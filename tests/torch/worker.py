@@ -311,11 +311,18 @@ def extras(group=None, ranks=None):
         dist.all_gather(outs, data(me, sizes[me], torch.float32, salt=61), group=group)
         for r in range(n):
             same(f"all_gather uneven {r}", outs[r], data(r, sizes[r], torch.float32, salt=61))
-        # reduce_scatter with different block sizes
-        blocks = [[data(r, k + 1, torch.float32, salt=62 + k) for k in range(n)] for r in range(n)]
-        out = torch.empty(me + 1)
-        dist.reduce_scatter(out, blocks[me], group=group)
-        same("reduce_scatter uneven", out, reference([blocks[r][me] for r in range(n)], RO.SUM, torch.float32))
+        # reduce_scatter with different block sizes (dshim_reduce_scatterv), one of them empty,
+        # sync and async, float32 and complex64 (pairs of floats to dshim)
+        for dt in (torch.float32, torch.complex64):
+            def block(r, k):   # small integers: every order of summation is exact
+                re_ = data(r, (k + 1) % n * 2, torch.float32, salt=62 + k)
+                return re_ if dt == torch.float32 else torch.complex(re_, data(r, re_.numel(), torch.float32, 72 + k))
+            blocks = [[block(r, k) for k in range(n)] for r in range(n)]
+            want = torch.stack([blocks[r][me] for r in range(n)]).sum(0)
+            for a in (False, True):
+                out = torch.full(((me + 1) % n * 2,), -1, dtype=dt)
+                wait(dist.reduce_scatter(out, blocks[me], group=group, async_op=a), a)
+                same(f"reduce_scatter uneven {dt} async={a}", out, want)
         # all_to_all (list) with different sizes
         ins = [data(me, me + j, torch.int32, salt=63) for j in range(n)]
         outs = [torch.empty(r + me, dtype=torch.int32) for r in range(n)]
