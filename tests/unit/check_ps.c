@@ -210,7 +210,7 @@ static int run_worker(int port, int nw, int ns, size_t n, int sleep_forever_rank
             st = dshim_ps_worker_wait_all(node);
         }
         if (st != DSHIM_OK) {
-            fprintf(stderr, "worker %d: %s\n", rank, dshim_last_error());
+            fprintf(stderr, "worker %d: %s\n", rank, dshim_last_error()[0] ? dshim_last_error() : "(the error above)");
             dshim_ps_node_finish(node, 1);
             free(v);
             free(out);
