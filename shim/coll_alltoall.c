@@ -50,6 +50,18 @@ dshim_status_t dshim_algo_allgatherv(dshim_comm_t *comm, dshim_request_t *req)
     return st;
 }
 
+/* Byte offset and length of block b of a reduce-scatter: even (count
+ * elements each) or, for reduce_scatterv, counts[b] elements at displs[b]. */
+static size_t rs_block_off(const dshim_request_t *req, int b, size_t es)
+{
+    return (req->counts ? req->displs[b] : (size_t)b * req->count) * es;
+}
+
+static size_t rs_block_len(const dshim_request_t *req, int b, size_t es)
+{
+    return (req->counts ? req->counts[b] : req->count) * es;
+}
+
 /* Ring reduce-scatter: the partial of block b travels the ring collecting
  * every rank's contribution and ends complete at rank b.  Blocks are even
  * (count each) or, for reduce_scatterv, counts[b] elements at displs[b]. */
@@ -57,10 +69,7 @@ dshim_status_t dshim_algo_reduce_scatter(dshim_comm_t *comm, dshim_request_t *re
 {
     int n = comm->size, r = comm->rank;
     size_t es = dshim_dtype_size(req->dtype);
-    const int uneven = req->counts != NULL;
-    const size_t total = uneven ? req->count : req->count * (size_t)n;
-#define BLOCK_OFF(b) ((uneven ? req->displs[b] : (size_t)(b) * req->count) * es)
-#define BLOCK_LEN(b) ((uneven ? req->counts[b] : req->count) * es)
+    const size_t total = req->counts ? req->count : req->count * (size_t)n;
     const char *in = req->sbuf;
     if (total == 0) {
         return DSHIM_OK;
@@ -79,17 +88,15 @@ dshim_status_t dshim_algo_reduce_scatter(dshim_comm_t *comm, dshim_request_t *re
     dshim_xfer_op_t *prev = NULL;
     for (int s = 0; s < n - 1; s++) {
         int sb = mod(r - s - 1, n), rb = mod(r - s - 2, n);
-        ops[k] = dshim_xf_send(right, (s == 0 ? in : acc) + BLOCK_OFF(sb), BLOCK_LEN(sb));
+        ops[k] = dshim_xf_send(right, (s == 0 ? in : acc) + rs_block_off(req, sb, es), rs_block_len(req, sb, es));
         ops[k].dep = prev;
         int last = s == n - 2;
-        ops[k + 1] = dshim_xf_recv_reduce(left, last ? (char *)req->rbuf : acc + BLOCK_OFF(rb), in + BLOCK_OFF(rb),
-                                          BLOCK_LEN(rb), 1);
+        ops[k + 1] = dshim_xf_recv_reduce(left, last ? (char *)req->rbuf : acc + rs_block_off(req, rb, es),
+                                          in + rs_block_off(req, rb, es), rs_block_len(req, rb, es), 1);
         ops[k + 1].avg_div = last && req->op == DSHIM_AVG;
         prev = &ops[k + 1];
         k += 2;
     }
-#undef BLOCK_OFF
-#undef BLOCK_LEN
     dshim_status_t st = dshim_xfer(comm, &req->sig, ops, k);
     free(ops);
     return st;

@@ -180,21 +180,37 @@ DSHIM_EXPORT dshim_status_t dshim_ireduce(dshim_comm_t *c, const void *s, void *
     return reduce_(c, s, r, n, d, o, root, q);
 }
 
+/* The request's own copy of a v-collective's block counts and displacements
+ * (the caller's arrays may go before a queued request runs), one allocation:
+ * counts[i] (equal_count when counts is NULL), then displs[i] (the blocks one
+ * after the other when displs is NULL).  *total_p = the sum of the counts. */
+static size_t *own_counts(int n, const size_t *counts, const size_t *displs, size_t equal_count, size_t *total_p)
+{
+    size_t *owned = malloc(sizeof(size_t) * 2 * (size_t)n);
+    if (!owned) {
+        dshim_error(DSHIM_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        owned[i] = counts ? counts[i] : equal_count;
+        owned[n + i] = displs ? displs[i] : total;
+        total += owned[i];
+    }
+    *total_p = total;
+    return owned;
+}
+
 static dshim_status_t allgatherv_(dshim_comm_t *comm, const void *sbuf, void *rbuf, const size_t *counts,
                                   const size_t *displs, size_t equal_count, dshim_dtype_t dt, dshim_request_t **req_p)
 {
     const char *what = counts ? "allgatherv" : "allgather";
     DSHIM_CHECK(check_common(comm, dt, what));
     int n = comm->size;
-    size_t *owned = malloc(sizeof(size_t) * 2 * (size_t)n);
-    if (!owned) {
-        return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
-    }
     size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        owned[i] = counts ? counts[i] : equal_count;
-        owned[n + i] = displs ? displs[i] : (size_t)i * equal_count;
-        total += owned[i];
+    size_t *owned = own_counts(n, counts, displs, equal_count, &total);
+    if (!owned) {
+        return DSHIM_ERR_NOMEM;
     }
     if ((counts && !displs) || (total && !rbuf) || (owned[comm->rank] && !sbuf)) {
         free(owned);
@@ -253,8 +269,7 @@ static dshim_status_t reduce_scatter_(dshim_comm_t *comm, const void *sbuf, void
     return issue(comm, &r, req_p);
 }
 
-/* The request's counts/displs are its own copy (the caller's array may go
- * before a queued request runs); its count is the sum, as in the signature. */
+/* Its count is the sum of the blocks, as in the signature. */
 static dshim_status_t reduce_scatterv_(dshim_comm_t *comm, const void *sbuf, void *rbuf, const size_t *counts,
                                        dshim_dtype_t dt, dshim_redop_t op, dshim_request_t **req_p)
 {
@@ -264,15 +279,10 @@ static dshim_status_t reduce_scatterv_(dshim_comm_t *comm, const void *sbuf, voi
         return dshim_error(DSHIM_ERR_INVALID, "rank %d: reduce_scatterv: recvcounts is NULL", comm->rank);
     }
     int n = comm->size;
-    size_t *owned = malloc(sizeof(size_t) * 2 * (size_t)n);
-    if (!owned) {
-        return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
-    }
     size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        owned[i] = counts[i];
-        owned[n + i] = total;
-        total += counts[i];
+    size_t *owned = own_counts(n, counts, NULL, 0, &total);
+    if (!owned) {
+        return DSHIM_ERR_NOMEM;
     }
     dshim_status_t st = check_buf(comm, sbuf, total, "sendbuf", "reduce_scatterv");
     if (st == DSHIM_OK) {
