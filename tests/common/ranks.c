@@ -1,19 +1,18 @@
 /* Multi-process test harness (see ranks.h). */
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "config.h"
 #include "dshim.h"
+#include "free_port.h"
 #include "ranks.h"
 
 static double now_s(void)
@@ -21,22 +20,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-int test_free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sa);
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0) {
-        port = ntohs(sa.sin_port);
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-    return port;
 }
 
 int test_comm_init(int rank, int size, int store_port, struct dshim_comm **comm_p)

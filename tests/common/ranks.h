@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "free_port.h"
+
 #define TEST_MAX_RANKS 16
 
 typedef struct test_rank_result {
@@ -29,7 +31,6 @@ typedef int (*test_rank_body_t)(int rank, int size, int store_port, void *arg);
 int test_run_ranks(int n, test_rank_body_t body, void *arg, const char *const *env, double timeout_s,
                    test_rank_result_t *results);
 
-int test_free_port(void);
 /* Creates a communicator for the body (explicit args, loopback store). */
 struct dshim_comm;
 int test_comm_init(int rank, int size, int store_port, struct dshim_comm **comm_p);

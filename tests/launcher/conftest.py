@@ -13,7 +13,6 @@ import collections
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,9 @@ import time
 import uuid
 
 import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "common"))
+from ports import free_port  # noqa: E402  (tests/common, shared with the other suites)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BUILD_DIR = pathlib.Path(os.environ.get("DSHIM_BUILD_DIR", str(REPO / "build")))
@@ -261,28 +263,6 @@ def write_script(workdir):
         path.chmod(mode)
         return path
     return _write
-
-
-def free_port(consecutive=1):
-    """A TCP port with `consecutive` free ports from it (dshim-run per-node mode
-    puts its rendezvous store on MASTER_PORT+1)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        if port + consecutive > 65535:
-            continue
-        ok = True
-        for p in range(port + 1, port + consecutive):
-            with socket.socket() as s:
-                try:
-                    s.bind(("", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return port
-    raise RuntimeError("no free TCP port range found")
 
 
 def wait_for_files(paths, timeout):

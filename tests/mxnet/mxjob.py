@@ -3,12 +3,15 @@ ps-lite or under dshim, through dshim-run (launch.py style) or by hand (DMLC_*
 variables, no launcher), and compare what the workers wrote."""
 import os
 import signal
-import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+from ports import free_port  # noqa: E402  (tests/common, shared with the other suites)
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("DSHIM_BUILD_DIR", ROOT / "build"))
@@ -44,12 +47,6 @@ def launch(script, out, *args, dshim=True, nw=2, ns=2, env=None, timeout=180):
     else:
         assert "dshim-ps" not in p.stdout, p.stdout[-3000:]
     return p.stdout
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ByHand:

@@ -19,6 +19,7 @@
 #include <netinet/in.h>
 
 #include "dshim.h"
+#include "free_port.h"
 #include "net.h"
 #include "ps.h"
 
@@ -83,28 +84,11 @@ static dshim_status_t pushpull_in_pieces(dshim_ps_node_t *node, const dshim_ps_p
     return DSHIM_OK;
 }
 
-/* A free port below the kernel's ephemeral range (32768 up): a port the
- * kernel handed out could be handed again -- to another test's outgoing
- * connection or listener -- between this check and the scheduler's bind,
- * and then the job waits out its connect timeout. */
 static int free_port(void)
 {
-    static unsigned seed;
-    if (seed == 0) {
-        seed = (unsigned)getpid() ^ (unsigned)(dshim_now() * 1e6);
-    }
-    for (int tries = 0; tries < 200; tries++) {
-        int port = 20000 + (int)(rand_r(&seed) % 12000);
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-        int ok = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-        close(fd);
-        if (ok) {
-            return port;
-        }
-    }
-    ck_abort_msg("no free port in 20000-31999");
-    return -1;
+    int port = test_free_port();
+    ck_assert_msg(port > 0, "no free port in 20000-31999");
+    return port;
 }
 
 static dshim_ps_env_t make_env(dshim_ps_role_t role, int port, int nw, int ns)

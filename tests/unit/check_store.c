@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "free_port.h"
 #include "status.h"
 #include "store.h"
 #include "store_proto.h"
@@ -51,16 +52,12 @@ static dshim_store_t *connect_ok(int port)
     return s;
 }
 
-/* A port that nothing listens on right now. */
+/* A port that nothing listens on right now (free_port.h says why not bind(0)). */
 static int free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof(sa);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
+    int port = test_free_port();
+    ck_assert_msg(port > 0, "no free port in 20000-31999");
+    return port;
 }
 
 static void expect_value(dshim_store_t *s, const char *key, const char *want)
