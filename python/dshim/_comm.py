@@ -95,30 +95,55 @@ def _prebind_store(token):
 
 
 def _missing_ranks(store, size):
-    """Group ranks whose "joined" key is absent from the torch store."""
-    missing = []
-    for r in range(size):
-        try:
-            if not store.check([_JOINED_KEY + str(r)]):
-                missing.append(r)
-        except Exception:   # the store itself is gone: name nobody rather than guess
+    """Group ranks whose "joined" key is absent from the torch store; None when
+    the store itself cannot be asked (its host, rank 0, is gone)."""
+    try:
+        keys = [_JOINED_KEY + str(r) for r in range(size)]
+        if store.check(keys):
             return []
-    return missing
+        return [r for r in range(size) if not store.check([keys[r]])]
+    except Exception:
+        return None
+
+
+_BOOTSTRAP_POLL_S = 2.0   # how stale the "who never joined" list in a timeout error may be
 
 
 def _wait_bootstrap(store, rank, size, timeout_s):
     """Rank 0's published store address; on timeout an error naming the ranks
-    that never reached the rendezvous (not only "timeout")."""
-    try:
-        store.wait([_BOOTSTRAP_KEY], datetime.timedelta(seconds=timeout_s))
-    except Exception as e:
-        missing = _missing_ranks(store, size)
-        who = ", ".join(str(r) for r in missing) if missing else "unknown"
-        raise RuntimeError(f"dshim: rank {rank}/{size}: rendezvous timed out after {timeout_s:g} s: "
-                           f"rank(s) {who} of {size} never joined (started with the same WORLD_SIZE and "
-                           f"MASTER_ADDR/MASTER_PORT? raise the timeout if they are only slow) "
-                           f"[{str(e).splitlines()[0] if str(e) else type(e).__name__}]") from None
-    return store.get(_BOOTSTRAP_KEY).decode()
+    that never reached the rendezvous (not only "timeout").
+
+    Waits in slices and notes who is missing after each: the torch store lives
+    in rank 0's process, and when rank 0 gives up first (its TCPStore waits for
+    the same missing ranks with the same timeout) the store is gone by the time
+    this rank's own timeout expires -- the last list seen is still the answer."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    missing = None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store.wait([_BOOTSTRAP_KEY], datetime.timedelta(seconds=max(0.01, min(left, _BOOTSTRAP_POLL_S))))
+            return store.get(_BOOTSTRAP_KEY).decode()
+        except Exception as e:
+            error = e
+        now_missing = _missing_ranks(store, size)
+        store_gone = now_missing is None
+        if not store_gone:
+            missing = now_missing
+        if store_gone or time.monotonic() >= deadline:
+            break
+    who = ", ".join(str(r) for r in missing) if missing else "unknown"
+    # torch's own message names only the last slice's wait ("wait timeout after 2000ms"): not useful
+    why = "rank 0 never published its dshim store's address"
+    what = f"timed out after {timeout_s:g} s"
+    if store_gone:
+        what = f"failed after {time.monotonic() - start:.1f} s (timeout {timeout_s:g} s)"
+        why = (f"the torch store hosted by rank 0 at MASTER_ADDR:MASTER_PORT went away, so rank 0 gave up "
+               f"or exited: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
+    raise RuntimeError(f"dshim: rank {rank}/{size}: rendezvous {what}: "
+                       f"rank(s) {who} of {size} never joined (started with the same WORLD_SIZE and "
+                       f"MASTER_ADDR/MASTER_PORT? raise the timeout if they are only slow) [{why}]") from None
 
 
 def _rendezvous(store, rank, size, timeout_s=None):

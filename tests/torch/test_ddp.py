@@ -25,13 +25,16 @@ import pathlib
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 
 import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "common"))
+from ports import free_port  # noqa: E402  (tests/common, shared with the other suites)
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -312,12 +315,6 @@ def test_fsdp(marker):
 
 # ---- 3. bad input -----------------------------------------------------------------------------
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(90)
 def test_wrong_world_size(marker):
     """WORLD_SIZE=3, ranks 0 and 1 started by hand, timeout 10 s: each gets an error, no hang."""
@@ -356,6 +353,41 @@ def test_wrong_world_size(marker):
     # rank 1 got past the TCPStore into dshim's rendezvous, which names who never arrived:
     # rank 2 (never started) and rank 0 (stuck in torch's TCPStore, above)
     assert re.search(r"rank\(s\) 0, 2 of 3 never joined", errors[1]), errors[1]
+
+
+@pytest.mark.timeout(60)
+def test_rendezvous_store_gone():
+    """Rank 0 (the torch store's host) exits while rank 1 waits in dshim's rendezvous: rank 1 fails at once,
+    names rank 0's store as gone and still the ranks missing from its last look (not "unknown")."""
+    port = free_port()
+    host = subprocess.Popen([str(PYTHON), "-c", textwrap.dedent(f"""
+        import datetime, time, torch.distributed as dist
+        s = dist.TCPStore("127.0.0.1", {port}, 3, True, datetime.timedelta(seconds=30), wait_for_workers=False)
+        print("up", flush=True)
+        time.sleep(4)   # then exits, the store with it
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "up"
+        code = textwrap.dedent(f"""
+            import datetime, time, torch.distributed as dist
+            from dshim import _comm
+            s = dist.TCPStore("127.0.0.1", {port}, 3, False, datetime.timedelta(seconds=30))
+            t0 = time.monotonic()
+            try:
+                _comm._rendezvous(s, 1, 3, timeout_s=20)
+            except RuntimeError as e:
+                print(f"after {{time.monotonic() - t0:.1f}} s: {{e}}")
+            """)
+        env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+        out = subprocess.run([str(PYTHON), "-c", code], env=env, capture_output=True, text=True, timeout=40)
+    finally:
+        host.kill()
+        host.wait()
+    m = re.search(r"after ([\d.]+) s: (.*)", out.stdout)
+    assert m, out.stdout + out.stderr[-3000:]
+    assert float(m.group(1)) < 10, m.group(0)   # not the 20 s timeout
+    assert re.search(r"rank\(s\) 0, 2 of 3 never joined", m.group(2)), m.group(2)
+    assert "went away" in m.group(2), m.group(2)
 
 
 @pytest.mark.timeout(120)
