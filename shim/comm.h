@@ -84,6 +84,7 @@ struct dshim_comm {
 
     /* configuration snapshot */
     size_t chunk_bytes, small_msg_bytes;
+    size_t shm_stream_min; /* receive messages this large with non-temporal stores (0 = never) */
     double timeout_s;
     long spin_us;
     int check_sig;

@@ -10,6 +10,7 @@
 
 #include "net.h"
 #include "status.h"
+#include "transport/shm/shm_copy.h"
 #include "transport/shm/shm_ring.h"
 #include "xfer.h"
 
@@ -135,6 +136,19 @@ static size_t pad_of(size_t len)
     return (8 - (len & 7)) & 7;
 }
 
+/* Whether a receive over shared memory copies out with streaming stores:
+ * when the message, or the collective it is a piece of (a ring step carries
+ * 1/N of an allreduce's buffer), is too large for the cache to keep. */
+static int streams_out(const dshim_comm_t *comm, const dshim_coll_sig_t *sig, const dshim_xfer_op_t *op,
+                       size_t esize)
+{
+    if (comm->shm_stream_min == 0) {
+        return 0;
+    }
+    size_t whole = sig->count <= SIZE_MAX / esize ? (size_t)sig->count * esize : SIZE_MAX;
+    return op->len >= comm->shm_stream_min || whole >= comm->shm_stream_min;
+}
+
 /* One step of progress on one op; *moved set when bytes moved. */
 static dshim_status_t progress_op(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *op,
                                   size_t esize, int *moved)
@@ -205,6 +219,17 @@ static dshim_status_t progress_op(dshim_comm_t *comm, const dshim_coll_sig_t *si
             n = 0;
             if (op->kind == DSHIM_XF_SEND) {
                 DSHIM_CHECK(c->ops->send(c, (const char *)op->sbuf + op->done, piece_end - op->done, &n));
+            } else if (op->kind == DSHIM_XF_RECV && c->is_shm && streams_out(comm, sig, op, esize)) {
+                /* out of the ring with streaming stores (shm_copy.h says why) */
+                const void *ptr;
+                size_t avail;
+                DSHIM_CHECK(c->ops->peek(c, &ptr, &avail));
+                size_t want = piece_end - op->done;
+                n = avail < want ? avail : want;
+                if (n) {
+                    dshim_copy_streaming((char *)op->rbuf + op->done, ptr, n);
+                    DSHIM_CHECK(c->ops->consume(c, n));
+                }
             } else if (op->kind == DSHIM_XF_RECV) {
                 DSHIM_CHECK(c->ops->recv(c, (char *)op->rbuf + op->done, piece_end - op->done, &n));
             } else {

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "transport/shm/shm_copy.h"
 #include "transport/shm/shm_ring.h"
 
 #define MIB ((size_t)1 << 20)
@@ -931,6 +932,41 @@ static int run_bench(void)
     return 0;
 }
 
+/* ---- streaming copy ---------------------------------------------------- */
+
+/* Every length up to a few vector blocks, at every alignment of source and
+ * destination: the bytes equal memcpy's and nothing around them changes. */
+START_TEST(test_copy_streaming)
+{
+    enum { MAXLEN = 300, GUARD = 64 };
+    unsigned char src[MAXLEN + 32], dst[GUARD + MAXLEN + 32 + GUARD];
+    for (size_t i = 0; i < sizeof(src); i++) {
+        src[i] = (unsigned char)(i * 37 + 11);
+    }
+    for (size_t len = 0; len <= MAXLEN; len++) {
+        for (size_t so = 0; so < 17; so++) {
+            for (size_t d_off = 0; d_off < 17; d_off++) {
+                memset(dst, 0xA5, sizeof(dst));
+                unsigned char *d = dst + GUARD + d_off;
+                dshim_copy_streaming(d, src + so, len);
+                ck_assert_msg(memcmp(d, src + so, len) == 0, "len %zu src+%zu dst+%zu: bytes differ", len, so,
+                              d_off);
+                for (unsigned char *g = dst; g < dst + sizeof(dst); g++) {
+                    if (g == d) {
+                        g += len;
+                        if (g >= dst + sizeof(dst)) {
+                            break;
+                        }
+                    }
+                    ck_assert_msg(*g == 0xA5, "len %zu src+%zu dst+%zu: byte %td outside the copy changed", len,
+                                  so, d_off, g - d);
+                }
+            }
+        }
+    }
+}
+END_TEST
+
 /* ---- suite ------------------------------------------------------------ */
 
 static Suite *shm_suite(void)
@@ -944,6 +980,7 @@ static Suite *shm_suite(void)
     tcase_add_test(tc, test_segment_invalid);
     tcase_add_test(tc, test_loopback_semantics);
     tcase_add_test(tc, test_doorbell_timeout);
+    tcase_add_test(tc, test_copy_streaming);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("two_processes");
