@@ -17,7 +17,9 @@ new_group(backend="dshim") and new_group(backend="gloo").  Every rank builds the
 DDP's default buckets.  Each phase alternates dshim, gloo, dshim, gloo, ... after a warm-up:
   1. tiny: blocks of 1-element float32 all_reduce (sync; async_op=True + wait()) per group;
   2. ddp@B: forward + backward + SGD step on synthetic data (B samples per rank), a barrier
-     on that group before and after each step, the step timed between them; for every B;
+     on that group before and after each step, the step timed between them; for every B; a third
+     copy in DDP over a 1-rank group of each rank's own takes its turn after those two (the floor:
+     DDP's own work, no data exchanged);
   3. compute@B: the same step under no_sync() (no communication);
   4. check: both models get the same parameters and run one more step; gradients compared;
   5. comm: all_reduce of flat tensors sized like DDP's buckets alone, issued back to back
@@ -146,7 +148,9 @@ class Worker:
         return {name: self.tmax(v) for name, v in local.items()}
 
     def timed(self, fn, name):
-        g = self.groups[name if name in NAMES else "dshim"]
+        # the 1-rank copy's steps are aligned across ranks by the default group (gloo), so that
+        # the dshim group's counters hold only the dshim steps' collectives
+        g = self.groups[name] if name in NAMES else None
         c0 = _thread_cpu() if self.phase else None
         self.dist.barrier(group=g)
         i0 = _idle_jiffies()
@@ -255,7 +259,11 @@ class Worker:
         self.data(batch)
         stats = []
         key = f"ddp@{batch}"
-        out[key] = self.interleaved(self.step, a.steps, a.warmup, key, mark=lambda: stats.append(self.dpg.dshim_stats()))
+        # the third copy, DDP over its 1-rank group, takes its turn between them: the floor of a
+        # step (DDP's own work, nothing exchanged) measured under the same conditions, step by step
+        out[key] = self.interleaved(self.step, a.steps, a.warmup, key, mark=lambda: stats.append(self.dpg.dshim_stats()),
+                                    names=NAMES + ("self",))
+        out[f"self@{batch}"] = out[key].pop("self")
         s0, s1 = stats[0], self.dpg.dshim_stats()
         # a timed dshim step: a barrier before and after it, and one all_reduce per bucket
         per_step = (s1["collectives"] - s0["collectives"]) / a.steps
@@ -263,13 +271,9 @@ class Worker:
         # an allreduce sends at least (n-1)/n of its data; ask for half of that
         ok = per_step >= len(self.buckets) + 2 and sent >= 0.5 * sum(self.buckets) * (n - 1) / n
         out.setdefault("dshim_per_step", {})[key] = dict(collectives=per_step, bytes_sent=sent, carried=ok)
-        # no communication: both models under no_sync(), interleaved with full DDP steps of the
-        # third copy over its 1-rank group
+        # no communication: both models under no_sync()
         ckey = f"compute@{batch}"
-        res = self.interleaved(lambda name: self.step(name, sync=name == "self"), a.compute_steps, 2, ckey,
-                               names=NAMES + ("self",))
-        out[f"self@{batch}"] = res.pop("self")
-        out[ckey] = res
+        out[ckey] = self.interleaved(lambda name: self.step(name, sync=False), a.compute_steps, 2, ckey)
 
     def check(self, out):
         """Same parameters in both models, one step each: the gradients must agree."""
@@ -510,8 +514,11 @@ class Report:
         calls = self.records[0]["tiny_calls"]
         phases = [(f"ddp@{b}", f"DDP step, batch {b}") for b in self.batches]
         phases += [(f"compute@{b}", f"no_sync step, batch {b}") for b in self.batches]
-        phases += [(f"compute@{b}", f"DDP over 1 rank, batch {b}") for b in self.batches]
-        own = {(f"compute@{b}", f"DDP over 1 rank, batch {b}") for b in self.batches}
+        # runs from before this script interleaved the 1-rank copy with the no_sync steps
+        cpu0 = self.records[0]["cpu_ms_per_run"]
+        own = {(f"ddp@{b}" if "self" in cpu0.get(f"ddp@{b}", {}) else f"compute@{b}", f"DDP over 1 rank, batch {b}")
+               for b in self.batches}
+        phases += sorted(own, key=lambda pw: self.batches.index(int(pw[0].split("@")[1])))
         phases += [("comm", "buckets alone"), ("tiny_sync", f"{calls} tiny sync calls")]
         for n in self.nps:
             recs = [r for r in self.records if r["np"] == n]
@@ -582,7 +589,8 @@ class Report:
                   "under `no_sync()`), so it holds DDP's own work (gradients copied into and out of the buckets, "
                   "new gradient tensors after `zero_grad()`) as well as the all_reduces; \"DDP over a 1-rank "
                   "group\" is a third copy of the model in DDP over a dshim group of one rank: all of DDP's "
-                  "work, no data exchanged:", ""]
+                  "work, no data exchanged; its steps take their turn after each dshim and gloo step, so it "
+                  "is the floor of a step measured under the same conditions:", ""]
         lines += self.split_table()
         lines += ["", "Reading (computed from the tables above):", ""]
         lines += self.reading()
