@@ -23,7 +23,9 @@ DDP's default buckets.  Each phase alternates dshim, gloo, dshim, gloo, ... afte
   3. compute@B: the same step under no_sync() (no communication);
   4. check: both models get the same parameters and run one more step; gradients compared;
   5. comm: all_reduce of flat tensors sized like DDP's buckets alone, issued back to back
-     asynchronously and waited for, as DDP's reducer does.
+     asynchronously and waited for, as DDP's reducer does;
+  6. copy: one libc memcpy of the buckets' size on every rank at once (a lower bound on any
+     allreduce's CPU per step).
 A run's time is the max over ranks; a job's value the median over its runs.  CPU time per
 thread (/proc/self/task/*/schedstat) and the machine's idle share are recorded per phase, to
 tell computation from communication.  dshim's counters (dshim_stats) must grow by one
@@ -307,6 +309,19 @@ class Worker:
 
         out["comm"] = self.interleaved(fn, self.a.comm_rounds, 2, "comm")
 
+    def copy_ref(self, out):
+        """One libc memcpy (ctypes.memmove) of as many bytes as DDP's buckets, every rank at once:
+        what reading and writing the gradients once costs a core here.  Any allreduce must at least
+        read every gradient and write every result, so its CPU per step is no less than this."""
+        import ctypes
+        nbytes = sum(self.buckets)
+        src, dst = self.torch.ones(nbytes // 4), self.torch.zeros(nbytes // 4)
+
+        def fn(name):
+            ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)
+
+        out["copy_ref"] = self.interleaved(fn, self.a.comm_rounds, 2, "copy", names=("copy",))["copy"]
+
     def profile(self, out):
         """CPU per timed run by thread (ms, mean over ranks), the step's parts (ms, median over
         steps, mean over ranks), the machine's idle share (rank 0's view)."""
@@ -343,6 +358,7 @@ class Worker:
             self.train(out, b)
         self.check(out)
         self.comm(out)
+        self.copy_ref(out)
         self.profile(out)
         carried = all(v["carried"] for v in out["dshim_per_step"].values())
         out["dshim_carried"] = carried
@@ -373,7 +389,7 @@ def phases_of(res):
 def summarize(res):
     """Per-job medians (seconds): {"phase.group": value}."""
     s = {f"{k}.{name}": med(res[k][name]) for k in phases_of(res) for name in NAMES}
-    s.update({k: med(v) for k, v in res.items() if k.startswith("self@")})
+    s.update({k: med(v) for k, v in res.items() if k.startswith("self@") or k == "copy_ref"})
     return s
 
 
@@ -499,11 +515,16 @@ class Report:
                 c = med([s[f"compute@{b}.{name}"] for s in self.by[n] for name in NAMES])
                 cd, cg = self.mm(n, "comm.dshim"), self.mm(n, "comm.gloo")
                 floor = own / g
+                copies = [s["copy_ref"] for s in self.by[n] if "copy_ref" in s]
+                copy_note = (f", while one memcpy of the buckets' {sum(self.records[0]['bucket_bytes']) / 1e6:.0f} MB "
+                             f"on every rank at once takes {med(copies) * 1e3:.1f} ms" if copies else "")
                 verdict = (f"above {TARGET_STEP}: no backend could pass here, the step is computation plus DDP's "
                            f"own work" if floor > TARGET_STEP else f"under {TARGET_STEP}")
                 out.append(f"* N={n}, batch {b}: dshim/gloo **{fmt_ratio(d / g, TARGET_STEP)}**. Floor (DDP over a 1-rank group, no "
                            f"data exchanged, ÷ gloo's step): {fmt_ratio(floor, TARGET_STEP)}, {verdict}. Step − that: dshim "
-                           f"{(d - own) * 1e3:+.1f} ms, gloo {(g - own) * 1e3:+.1f} ms. "
+                           f"{(d - own) * 1e3:+.1f} ms, gloo {(g - own) * 1e3:+.1f} ms; what the target leaves for all "
+                           f"communication ({TARGET_STEP} × gloo's step − floor): {(TARGET_STEP * g - own) * 1e3:+.1f} ms"
+                           f"{copy_note}. "
                            f"Communication only, dshim/gloo: comm part {max(d - c, 0) / max(g - c, 1e-9):.2f}, "
                            f"buckets alone {cd / cg:.2f}.")
         return out
