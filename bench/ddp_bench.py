@@ -535,11 +535,8 @@ class Report:
         calls = self.records[0]["tiny_calls"]
         phases = [(f"ddp@{b}", f"DDP step, batch {b}") for b in self.batches]
         phases += [(f"compute@{b}", f"no_sync step, batch {b}") for b in self.batches]
-        # runs from before this script interleaved the 1-rank copy with the no_sync steps
-        cpu0 = self.records[0]["cpu_ms_per_run"]
-        own = {(f"ddp@{b}" if "self" in cpu0.get(f"ddp@{b}", {}) else f"compute@{b}", f"DDP over 1 rank, batch {b}")
-               for b in self.batches}
-        phases += sorted(own, key=lambda pw: self.batches.index(int(pw[0].split("@")[1])))
+        own = [(f"ddp@{b}", f"DDP over 1 rank, batch {b}") for b in self.batches]
+        phases += own
         phases += [("comm", "buckets alone"), ("tiny_sync", f"{calls} tiny sync calls")]
         for n in self.nps:
             recs = [r for r in self.records if r["np"] == n]
