@@ -119,7 +119,8 @@ def _wait_bootstrap(store, rank, size, timeout_s):
     this rank's own timeout expires -- the last list seen is still the answer."""
     start = time.monotonic()
     deadline = start + timeout_s
-    missing = None
+    # a first look before waiting: the store may vanish during the first slice
+    missing = _missing_ranks(store, size)
     while True:
         left = deadline - time.monotonic()
         try:

@@ -364,7 +364,9 @@ def test_rendezvous_store_gone():
         import datetime, time, torch.distributed as dist
         s = dist.TCPStore("127.0.0.1", {port}, 3, True, datetime.timedelta(seconds=30), wait_for_workers=False)
         print("up", flush=True)
-        time.sleep(4)   # then exits, the store with it
+        # exit (the store with it) once rank 1 is inside the rendezvous, however slowly it started
+        s.wait(["dshim/joined/1"], datetime.timedelta(seconds=30))
+        time.sleep(1)
         """)], stdout=subprocess.PIPE, text=True)
     try:
         assert host.stdout.readline().strip() == "up"
