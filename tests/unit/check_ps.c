@@ -19,7 +19,7 @@
 #include <netinet/in.h>
 
 #include "dshim.h"
-#include "free_port.h"
+#include "ck_free_port.h"
 #include "net.h"
 #include "ps.h"
 
@@ -82,13 +82,6 @@ static dshim_status_t pushpull_in_pieces(dshim_ps_node_t *node, const dshim_ps_p
         return DSHIM_ERR_PEER;
     }
     return DSHIM_OK;
-}
-
-static int free_port(void)
-{
-    int port = test_free_port();
-    ck_assert_msg(port > 0, "no free port in 20000-31999");
-    return port;
 }
 
 static dshim_ps_env_t make_env(dshim_ps_role_t role, int port, int nw, int ns)
@@ -315,7 +308,7 @@ static int wait_code(pid_t pid)
 static void sync_sum_case(int nw, int ns, size_t n)
 {
     job_t job;
-    start(&job, free_port(), nw, ns, n, -1);
+    start(&job, ck_free_port(), nw, ns, n, -1);
     for (int i = 0; i < job.n; i++) {
         int rc = wait_code(job.pids[i]);
         ck_assert_msg(rc == 0, "process %d exited with %d", i, rc);
@@ -370,7 +363,7 @@ START_TEST(pieces_of_different_sizes_are_an_error)
 {
     piece_mode = 3;
     job_t job;
-    start(&job, free_port(), 2, 1, 37, -1);
+    start(&job, ck_free_port(), 2, 1, 37, -1);
     double t0 = dshim_now();
     for (int i = 1 + 1; i < job.n; i++) { /* the workers: an error, not a wrong sum (11) nor success */
         int rc = wait_code(job.pids[i]);
@@ -388,7 +381,7 @@ START_TEST(killed_worker_ends_everyone)
 {
     job_t job;
     ck_assert_int_eq(pipe(sleeper_pipe), 0);
-    start(&job, free_port(), 2, 1, 5, 1);
+    start(&job, ck_free_port(), 2, 1, 5, 1);
     pid_t sleeper = 0;
     ck_assert_int_eq(read(sleeper_pipe[0], &sleeper, sizeof(sleeper)), (int)sizeof(sleeper));
     usleep(300 * 1000); /* rank 0 is waiting for the sleeper's push */
@@ -414,7 +407,7 @@ START_TEST(requests_to_a_dead_server_end_once)
     server_sleeps = 1;
     job_t job;
     ck_assert_int_eq(pipe(sleeper_pipe), 0);
-    start(&job, free_port(), 1, 1, 16, -1);
+    start(&job, ck_free_port(), 1, 1, 16, -1);
     pid_t server = 0;
     ck_assert_int_eq(read(sleeper_pipe[0], &server, sizeof(server)), (int)sizeof(server));
     usleep(200 * 1000); /* the worker's first requests wait in the server's socket */

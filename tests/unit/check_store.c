@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "free_port.h"
+#include "ck_free_port.h"
 #include "status.h"
 #include "store.h"
 #include "store_proto.h"
@@ -50,14 +50,6 @@ static dshim_store_t *connect_ok(int port)
     dshim_status_t st = dshim_store_connect("127.0.0.1", port, TOKEN, 5.0, &s);
     ck_assert_msg(st == DSHIM_OK, "connect: %s", dshim_last_error());
     return s;
-}
-
-/* A port that nothing listens on right now (free_port.h says why not bind(0)). */
-static int free_port(void)
-{
-    int port = test_free_port();
-    ck_assert_msg(port > 0, "no free port in 20000-31999");
-    return port;
 }
 
 static void expect_value(dshim_store_t *s, const char *key, const char *want)
@@ -711,7 +703,7 @@ static void *late_server(void *p)
 
 START_TEST(test_connect_retry)
 {
-    late_server_arg_t a = {.port = free_port()};
+    late_server_arg_t a = {.port = ck_free_port()};
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, late_server, &a), 0);
     dshim_store_t *s = NULL;
@@ -730,7 +722,7 @@ END_TEST
 
 START_TEST(test_connect_timeout)
 {
-    int port = free_port();
+    int port = ck_free_port();
     dshim_store_t *s = NULL;
     double t0 = now_s();
     ck_assert_int_eq(dshim_store_connect("127.0.0.1", port, TOKEN, 0.5, &s), DSHIM_ERR_TIMEOUT);
