@@ -197,7 +197,18 @@ DSHIM_EXPORT dshim_status_t dshim_scatter(dshim_comm_t *comm, const void *sendbu
                                           size_t count, dshim_dtype_t dtype, int root);
 DSHIM_EXPORT dshim_status_t dshim_iscatter(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
                                            size_t count, dshim_dtype_t dtype, int root, dshim_request_t **req_p);
-/* Point to point; the receiver must post the same count and dtype. */
+/* Point to point; the receiver must post the same count and dtype (a message
+ * of another size fails the receive, and the communicator, with an error).
+ *
+ * Receives from any source: peer DSHIM_ANY_SOURCE, or dshim_recv_any /
+ * dshim_irecv_any, which also say who sent.  Matching follows MPI's rules
+ * (docs/architecture.md, "Receive from any source"): messages from one sender arrive
+ * in the order it sent them; a message goes to the earliest-posted pending
+ * receive that names its sender or any source, so a receive from a specific
+ * rank posted earlier is never robbed, and one from any source takes the
+ * first message of whichever rank is ready; only point-to-point messages
+ * match (never a collective's data). */
+#define DSHIM_ANY_SOURCE (-1)
 DSHIM_EXPORT dshim_status_t dshim_send(dshim_comm_t *comm, const void *buf, size_t count,
                                        dshim_dtype_t dtype, int peer);
 DSHIM_EXPORT dshim_status_t dshim_isend(dshim_comm_t *comm, const void *buf, size_t count,
@@ -206,6 +217,16 @@ DSHIM_EXPORT dshim_status_t dshim_recv(dshim_comm_t *comm, void *buf, size_t cou
                                        dshim_dtype_t dtype, int peer);
 DSHIM_EXPORT dshim_status_t dshim_irecv(dshim_comm_t *comm, void *buf, size_t count,
                                         dshim_dtype_t dtype, int peer, dshim_request_t **req_p);
+/* source_p (may be NULL) receives the sender's rank once the message is
+ * matched, before the request completes. */
+DSHIM_EXPORT dshim_status_t dshim_recv_any(dshim_comm_t *comm, void *buf, size_t count, dshim_dtype_t dtype,
+                                           int *source_p);
+DSHIM_EXPORT dshim_status_t dshim_irecv_any(dshim_comm_t *comm, void *buf, size_t count, dshim_dtype_t dtype,
+                                            int *source_p, dshim_request_t **req_p);
+/* The rank a completed receive request came from (any receive, also one
+ * from DSHIM_ANY_SOURCE); DSHIM_ERR_INVALID for a request that is not a
+ * receive or has not completed yet. */
+DSHIM_EXPORT dshim_status_t dshim_request_source(const dshim_request_t *req, int *source_p);
 DSHIM_EXPORT dshim_status_t dshim_barrier(dshim_comm_t *comm);
 DSHIM_EXPORT dshim_status_t dshim_ibarrier(dshim_comm_t *comm, dshim_request_t **req_p);
 

@@ -451,11 +451,17 @@ DSHIM_EXPORT dshim_status_t dshim_iscatter(dshim_comm_t *c, const void *s, void 
 }
 
 static dshim_status_t p2p_(dshim_comm_t *comm, int sending, const void *sbuf, void *rbuf, size_t count,
-                           dshim_dtype_t dt, int peer, dshim_request_t **req_p)
+                           dshim_dtype_t dt, int peer, int *source_p, dshim_request_t **req_p)
 {
     const char *what = sending ? "send" : "recv";
     DSHIM_CHECK(check_common(comm, dt, what));
-    if (peer < 0 || peer >= comm->size || peer == comm->rank) {
+    /* a receive from any source is bound to a sender while it runs (xfer.c) */
+    int any_source = !sending && peer == DSHIM_ANY_SOURCE;
+    if (any_source && comm->size < 2) {
+        return dshim_error(DSHIM_ERR_INVALID, "rank %d: recv from any source on a communicator of 1 rank: no other "
+                                              "rank could ever send", comm->rank);
+    }
+    if (!any_source && (peer < 0 || peer >= comm->size || peer == comm->rank)) {
         return dshim_error(DSHIM_ERR_INVALID, "rank %d: %s: peer %d must be another rank in 0..%d", comm->rank, what,
                            peer, comm->size - 1);
     }
@@ -465,12 +471,17 @@ static dshim_status_t p2p_(dshim_comm_t *comm, int sending, const void *sbuf, vo
     init_req(&r, NULL, DSHIM_COLL_P2P, sbuf, rbuf, count, dt, DSHIM_SUM, peer);
     r.sig.root = -1;
     r.sending = sending;
+    r.source = sending ? -1 : peer;
+    r.source_p = source_p;
+    if (source_p) {
+        *source_p = r.source;
+    }
     return issue(comm, &r, req_p);
 }
 
 DSHIM_EXPORT dshim_status_t dshim_send(dshim_comm_t *c, const void *b, size_t n, dshim_dtype_t d, int peer)
 {
-    return p2p_(c, 1, b, NULL, n, d, peer, NULL);
+    return p2p_(c, 1, b, NULL, n, d, peer, NULL, NULL);
 }
 
 DSHIM_EXPORT dshim_status_t dshim_isend(dshim_comm_t *c, const void *b, size_t n, dshim_dtype_t d, int peer,
@@ -479,12 +490,12 @@ DSHIM_EXPORT dshim_status_t dshim_isend(dshim_comm_t *c, const void *b, size_t n
     if (!q) {
         return dshim_error(DSHIM_ERR_INVALID, "isend: req_p is NULL");
     }
-    return p2p_(c, 1, b, NULL, n, d, peer, q);
+    return p2p_(c, 1, b, NULL, n, d, peer, NULL, q);
 }
 
 DSHIM_EXPORT dshim_status_t dshim_recv(dshim_comm_t *c, void *b, size_t n, dshim_dtype_t d, int peer)
 {
-    return p2p_(c, 0, NULL, b, n, d, peer, NULL);
+    return p2p_(c, 0, NULL, b, n, d, peer, NULL, NULL);
 }
 
 DSHIM_EXPORT dshim_status_t dshim_irecv(dshim_comm_t *c, void *b, size_t n, dshim_dtype_t d, int peer,
@@ -493,7 +504,21 @@ DSHIM_EXPORT dshim_status_t dshim_irecv(dshim_comm_t *c, void *b, size_t n, dshi
     if (!q) {
         return dshim_error(DSHIM_ERR_INVALID, "irecv: req_p is NULL");
     }
-    return p2p_(c, 0, NULL, b, n, d, peer, q);
+    return p2p_(c, 0, NULL, b, n, d, peer, NULL, q);
+}
+
+DSHIM_EXPORT dshim_status_t dshim_recv_any(dshim_comm_t *c, void *b, size_t n, dshim_dtype_t d, int *source_p)
+{
+    return p2p_(c, 0, NULL, b, n, d, DSHIM_ANY_SOURCE, source_p, NULL);
+}
+
+DSHIM_EXPORT dshim_status_t dshim_irecv_any(dshim_comm_t *c, void *b, size_t n, dshim_dtype_t d, int *source_p,
+                                            dshim_request_t **q)
+{
+    if (!q) {
+        return dshim_error(DSHIM_ERR_INVALID, "irecv_any: req_p is NULL");
+    }
+    return p2p_(c, 0, NULL, b, n, d, DSHIM_ANY_SOURCE, source_p, q);
 }
 
 static dshim_status_t barrier_(dshim_comm_t *comm, dshim_request_t **req_p)

@@ -59,7 +59,8 @@ static int take_p2p(dshim_comm_t *comm, dshim_xfer_op_t *ops, int *n_p, int cap)
             req->sig.seq = comm->p2p_tx[req->root]++;
             *op = dshim_xf_send(req->root, req->sbuf, bytes);
         } else {
-            req->sig.seq = comm->p2p_rx[req->root]++;
+            /* numbered when it starts (p2p_start): a receive from any source
+             * learns its peer only then */
             *op = dshim_xf_recv(req->root, req->rbuf, bytes);
         }
         op->sig = &req->sig;
@@ -84,6 +85,20 @@ static void finish_req(dshim_comm_t *comm, dshim_request_t *req, dshim_status_t 
     req->status = st;
     __atomic_store_n(&req->done, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&comm->cond);
+}
+
+/* A receive begins its message: its peer is known now, and receives from one
+ * peer start in the order of that peer's messages, so they are numbered here
+ * (the sender numbers its sends in issue order; the header check compares). */
+static void p2p_start(dshim_comm_t *comm, dshim_xfer_op_t *op, void *ctx)
+{
+    (void)ctx;
+    dshim_request_t *req = op->user;
+    req->sig.seq = comm->p2p_rx[op->peer]++;
+    req->source = op->peer;
+    if (req->source_p) {
+        *req->source_p = op->peer;
+    }
 }
 
 static void p2p_done(dshim_comm_t *comm, dshim_xfer_op_t *op, void *ctx)
@@ -114,7 +129,8 @@ static void run_p2p_batch(dshim_comm_t *comm)
     take_p2p(comm, ops, &n, P2P_BATCH_CAP);
     comm->busy = 1;
     pthread_mutex_unlock(&comm->lock);
-    dshim_xfer_hooks_t hooks = {.absorb = absorb_p2p, .done = p2p_done, .ctx = NULL, .cap = P2P_BATCH_CAP};
+    dshim_xfer_hooks_t hooks = {
+        .absorb = absorb_p2p, .start = p2p_start, .done = p2p_done, .ctx = NULL, .cap = P2P_BATCH_CAP};
     dshim_status_t st;
     if (__atomic_load_n(&comm->error, __ATOMIC_ACQUIRE) != DSHIM_OK) {
         st = comm->error;
@@ -313,6 +329,27 @@ DSHIM_EXPORT dshim_status_t dshim_wait(dshim_request_t *req)
     dshim_status_t st = wait_locked(comm, req);
     pthread_mutex_unlock(&comm->lock);
     return st;
+}
+
+DSHIM_EXPORT dshim_status_t dshim_request_source(const dshim_request_t *req, int *source_p)
+{
+    if (!req || !source_p) {
+        return dshim_error(DSHIM_ERR_INVALID, "dshim_request_source: NULL argument");
+    }
+    if (req->sig.coll != DSHIM_COLL_P2P || req->sending) {
+        return dshim_error(DSHIM_ERR_INVALID, "dshim_request_source: the request is not a receive (only "
+                                              "dshim_irecv/dshim_irecv_any requests have a source)");
+    }
+    if (!__atomic_load_n(&req->done, __ATOMIC_ACQUIRE)) {
+        return dshim_error(DSHIM_ERR_INVALID, "dshim_request_source: the receive has not completed; call "
+                                              "dshim_wait (or dshim_test until done) first");
+    }
+    if (req->source < 0) {
+        return dshim_error(DSHIM_ERR_INVALID, "dshim_request_source: the receive failed before a message was "
+                                              "matched to it (see dshim_wait's error)");
+    }
+    *source_p = req->source;
+    return DSHIM_OK;
 }
 
 DSHIM_EXPORT void dshim_request_free(dshim_request_t *req)

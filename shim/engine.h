@@ -23,6 +23,8 @@ struct dshim_request {
     dshim_redop_t op;
     int root;    /* root, or peer for send/recv */
     int sending; /* send/recv: 1 = send (a zero-byte send may have a NULL buffer) */
+    int source;     /* recv: the sender's rank once matched (root may be DSHIM_ANY_SOURCE) */
+    int *source_p;  /* recv: where the caller wants it (may be NULL) */
     /* v-variants: arrays copied into `owned` so the caller may free theirs */
     const size_t *counts, *displs;           /* allgatherv */
     const size_t *scounts, *sdispls, *rcounts, *rdispls; /* alltoallv */

@@ -92,6 +92,15 @@ static dshim_status_t check_hdr(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
     }
     describe_call(mine, sizeof(mine), sig->coll, sig->dtype, sig->redop, sig->root, sig->count, sig->seq);
     describe_call(theirs, sizeof(theirs), h.coll, h.dtype, h.redop, h.root, h.count, h.seq);
+    if (sig->coll == DSHIM_COLL_P2P && h.coll == DSHIM_COLL_P2P && h.seq == sig->seq &&
+        (h.nbytes != op->len || (comm->check_sig && (h.dtype != sig->dtype || h.count != sig->count)))) {
+        return dshim_error_quiet(DSHIM_ERR_MISMATCH,
+                                 "mismatched sizes in %s: %s sent %" PRIu64 " x %s (%" PRIu64 " bytes) where this "
+                                 "rank's receive expects %" PRIu64 " x %s (%zu bytes); a receive must post the count "
+                                 "and dtype that were sent",
+                                 mine, peer, h.count, dshim_dtype_name((dshim_dtype_t)h.dtype), h.nbytes, sig->count,
+                                 dshim_dtype_name((dshim_dtype_t)sig->dtype), op->len);
+    }
     int differs = h.coll != sig->coll || h.seq != sig->seq;
     if (comm->check_sig) {
         differs |= h.dtype != sig->dtype || h.redop != sig->redop || h.root != sig->root || h.count != sig->count;
@@ -112,11 +121,32 @@ static dshim_status_t check_hdr(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
     return DSHIM_OK;
 }
 
-/* An op can move now: not finished, and the op before it on the same peer
- * and direction is (streams are ordered). */
+static int is_recv(const dshim_xfer_op_t *op)
+{
+    return op->kind != DSHIM_XF_SEND;
+}
+
+/* A receive from any source that no message is bound to yet. */
+static int unbound(const dshim_xfer_op_t *op)
+{
+    return op->peer < 0;
+}
+
+/* An op can move now: not finished, bound to a peer, the op before it on the
+ * same peer and direction is finished (streams are ordered), and no receive
+ * from any source posted before it waits for a message (which might be the
+ * one this op would take: MPI's order of posting). */
 static int op_active(const dshim_xfer_op_t *op)
 {
-    return op->phase != PH_DONE && !(op->prev && op->prev->phase != PH_DONE);
+    return op->phase != PH_DONE && !unbound(op) && !(op->prev && op->prev->phase != PH_DONE) &&
+           !(op->wild_prev && unbound(op->wild_prev));
+}
+
+/* A receive from any source that would be bound next: unbound, and every
+ * receive from any source posted before it is bound (they bind in order). */
+static int next_to_bind(const dshim_xfer_op_t *op)
+{
+    return op->phase != PH_DONE && unbound(op) && !(op->wild_prev && unbound(op->wild_prev));
 }
 
 static size_t limit_of(const dshim_xfer_op_t *op)
@@ -292,12 +322,132 @@ static dshim_status_t progress_op(dshim_comm_t *comm, const dshim_coll_sig_t *si
     return DSHIM_OK;
 }
 
+/* ---- receives from any source ------------------------------------------
+ * A receive from any source (peer DSHIM_ANY_SOURCE) is bound to a peer when
+ * that peer's stream starts with a point-to-point message no earlier receive
+ * claims; from then on it is an ordinary receive from that peer.  Matching
+ * is MPI's: a message goes to the earliest-posted pending receive that names
+ * its sender or any source.  Hence: receives from any source bind in posting
+ * order; one binds to peer p only when every receive from p posted before it
+ * is finished (p's next message is not theirs); a receive posted after an
+ * unbound one from any source waits until that one is bound (op_active).
+ * The front of a stream is read with peek, without consuming: the first 8
+ * bytes of a header (magic, version, collective kind) never straddle a ring
+ * wrap, since streams carry whole multiples of 8 bytes per message. */
+
+enum { FRONT_EMPTY = 0, FRONT_P2P, FRONT_OTHER };
+
+/* What peer p's stream starts with.  Bytes that are no dshim header count as
+ * point-to-point: the receive that binds to them reports the garbage. */
+static dshim_status_t stream_front(dshim_comm_t *comm, int p, int *front_p)
+{
+    dshim_conn_t *c = comm->conns[p];
+    const void *ptr;
+    size_t avail = 0;
+    *front_p = FRONT_EMPTY;
+    DSHIM_CHECK(c->ops->peek(c, &ptr, &avail));
+    if (avail < 8) {
+        return DSHIM_OK;
+    }
+    wire_hdr_t h;
+    memcpy(&h, ptr, 8);
+    int ours = h.magic == WIRE_MAGIC && h.version == WIRE_VERSION;
+    *front_p = !ours || h.coll == DSHIM_COLL_P2P ? FRONT_P2P : FRONT_OTHER;
+    return DSHIM_OK;
+}
+
+/* Whether a receive posted before ops[a] still owns peer p's next message. */
+static int claimed_before(const dshim_xfer_op_t *ops, int a, int p)
+{
+    for (int j = 0; j < a; j++) {
+        if (is_recv(&ops[j]) && ops[j].peer == p && ops[j].phase != PH_DONE) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Peers a receive from any source (ops[a]) may take a message from now:
+ * every other rank whose next message no earlier receive claims. */
+static int candidate(const dshim_comm_t *comm, const dshim_xfer_op_t *ops, int a, int p)
+{
+    return p != comm->rank && comm->conns[p] && !claimed_before(ops, a, p);
+}
+
+static void bind_to(dshim_xfer_op_t *ops, int n, int a, int p)
+{
+    dshim_xfer_op_t *op = &ops[a];
+    op->peer = p;
+    op->prev = NULL; /* every earlier receive from p is finished (candidate) */
+    for (int j = a + 1; j < n; j++) {
+        /* later receives from p come after it on p's stream */
+        if (is_recv(&ops[j]) && ops[j].peer == p && (!ops[j].prev || ops[j].prev < op)) {
+            ops[j].prev = op;
+        }
+    }
+}
+
+/* Binds the receives from any source that can be, in posting order.  The
+ * peers are tried round robin from *next_p, so that one busy sender does not
+ * starve the others. */
+static dshim_status_t bind_any_sources(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, int *next_p)
+{
+    for (int a = 0; a < n; a++) {
+        if (!next_to_bind(&ops[a])) {
+            continue;
+        }
+        int found = -1;
+        for (int k = 0; k < comm->size && found < 0; k++) {
+            int p = (*next_p + k) % comm->size;
+            if (!candidate(comm, ops, a, p)) {
+                continue;
+            }
+            int front;
+            dshim_status_t st = stream_front(comm, p, &front);
+            if (st != DSHIM_OK) {
+                return st;
+            }
+            if (front == FRONT_P2P) {
+                found = p;
+            }
+        }
+        if (found < 0) {
+            return DSHIM_OK; /* later ones would take what this one must take first */
+        }
+        bind_to(ops, n, a, found);
+        *next_p = (found + 1) % comm->size;
+    }
+    return DSHIM_OK;
+}
+
+/* For messages: the ranks a receive from any source waits for (no
+ * point-to-point message from them is there). */
+static void silent_ranks(dshim_comm_t *comm, const dshim_xfer_op_t *ops, int a, char *out, size_t len)
+{
+    size_t o = 0;
+    out[0] = 0;
+    for (int p = 0; p < comm->size && o + 16 < len; p++) {
+        int front = FRONT_EMPTY;
+        if (!candidate(comm, ops, a, p) || (stream_front(comm, p, &front) == DSHIM_OK && front == FRONT_P2P)) {
+            continue;
+        }
+        o += (size_t)snprintf(out + o, len - o, "%s%d", o ? ", " : "", p);
+    }
+}
+
 /* Peers we are blocked on, as text, for timeout/dead-peer messages. */
 static void waiting_on(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, char *out, size_t len)
 {
     size_t o = 0;
     out[0] = 0;
     for (int i = 0; i < n && o + 48 < len; i++) {
+        if (next_to_bind(&ops[i])) {
+            char silent[256];
+            silent_ranks(comm, ops, i, silent, sizeof(silent));
+            o += (size_t)snprintf(out + o, len - o, "%sreceiving from any source (no message from rank%s %s)",
+                                  o ? ", " : "", strchr(silent, ',') ? "s" : "", silent[0] ? silent : "-");
+            continue;
+        }
         if (!op_active(&ops[i])) {
             continue;
         }
@@ -344,9 +494,29 @@ static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, 
 {
     struct pollfd pfd[64];
     int owner[64];
-    int np = 0, shm_pending = 0;
+    int np = 0, shm_pending = 0, any_source = 0;
     for (int i = 0; i < n && np < 64; i++) {
         dshim_xfer_op_t *op = &ops[i];
+        if (next_to_bind(op)) {
+            /* a message from any of its candidates would bind it, and the
+             * death of one must be noticed; not those whose stream starts
+             * with another kind of message (their socket stays readable) */
+            any_source = 1;
+            for (int p = 0; p < comm->size && np < 64; p++) {
+                int front = FRONT_EMPTY;
+                if (!candidate(comm, ops, i, p) || stream_front(comm, p, &front) != DSHIM_OK || front != FRONT_EMPTY) {
+                    continue;
+                }
+                dshim_conn_t *c = comm->conns[p];
+                shm_pending |= c->is_shm;
+                pfd[np].fd = c->fd;
+                pfd[np].events = POLLIN;
+                pfd[np].revents = 0;
+                owner[np] = p;
+                np++;
+            }
+            continue;
+        }
         if (!op_active(op)) {
             continue;
         }
@@ -377,7 +547,7 @@ static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, 
         dshim_shm_doorbell_wait(comm->inbox, bell, tcp_too ? 1000 : (long)timeout_ms * 1000);
         timeout_ms = 0;
     }
-    if (np == 0 && timeout_ms > 1) {
+    if (np == 0 && timeout_ms > 1 && !any_source) {
         timeout_ms = 1; /* cannot happen (a dependency is always pending), but never sleep blind */
     }
     int rc = poll(pfd, (nfds_t)np, timeout_ms);
@@ -418,10 +588,19 @@ void dshim_xfer_link(dshim_xfer_op_t *ops, int first, int n)
         ops[i].done = 0;
         ops[i].hoff = 0;
         ops[i].prev = NULL;
+        ops[i].wild_prev = NULL;
+        ops[i].started = 0;
         ops[i].reported = 0;
-        for (int j = i - 1; j >= 0; j--) {
-            if (ops[j].peer == ops[i].peer && (ops[j].kind == DSHIM_XF_SEND) == (ops[i].kind == DSHIM_XF_SEND)) {
+        ops[i].any_source = unbound(&ops[i]);
+        for (int j = i - 1; j >= 0 && !unbound(&ops[i]); j--) {
+            if (ops[j].peer == ops[i].peer && is_recv(&ops[j]) == is_recv(&ops[i])) {
                 ops[i].prev = &ops[j];
+                break;
+            }
+        }
+        for (int j = i - 1; j >= 0 && is_recv(&ops[i]); j--) {
+            if (ops[j].any_source) {
+                ops[i].wild_prev = &ops[j];
                 break;
             }
         }
@@ -432,12 +611,28 @@ static dshim_status_t check_peers(dshim_comm_t *comm, const dshim_coll_sig_t *si
                                   int n)
 {
     for (int i = first; i < n; i++) {
+        if (ops[i].peer == DSHIM_ANY_SOURCE && ops[i].kind == DSHIM_XF_RECV && comm->size > 1) {
+            continue;
+        }
         if (ops[i].peer < 0 || ops[i].peer >= comm->size || ops[i].peer == comm->rank || !comm->conns[ops[i].peer]) {
             dshim_error_quiet(DSHIM_ERR_INTERNAL, "transfer to invalid peer %d", ops[i].peer);
             return fail_step(comm, ops[i].sig ? ops[i].sig : sig, DSHIM_ERR_INTERNAL);
         }
     }
     return DSHIM_OK;
+}
+
+/* progress_op, after telling the owner that a receive begins its message. */
+static dshim_status_t step_op(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *op, size_t esize,
+                              int *moved, const dshim_xfer_hooks_t *hooks)
+{
+    if (!op->started && is_recv(op)) {
+        op->started = 1;
+        if (hooks && hooks->start) {
+            hooks->start(comm, op, hooks->ctx);
+        }
+    }
+    return progress_op(comm, sig, op, esize, moved);
 }
 
 dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n)
@@ -458,19 +653,24 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
     int announced = 0;
     double spin_s = (double)comm->spin_us * 1e-6;
     unsigned idle_loops = 0;
+    int next_source = (comm->rank + 1) % comm->size;
     while (1) {
         uint32_t bell = comm->inbox ? dshim_shm_doorbell_read(comm->inbox) : 0;
         int remaining = 0, moved = 0;
+        dshim_status_t bst = bind_any_sources(comm, ops, n, &next_source);
+        if (bst != DSHIM_OK) {
+            return fail_step(comm, sig, bst);
+        }
         for (int i = 0; i < n; i++) {
             dshim_xfer_op_t *op = &ops[i];
             if (op->phase == PH_DONE) {
                 continue;
             }
-            if (op->prev && op->prev->phase != PH_DONE) {
+            if (!op_active(op)) {
                 remaining++;
                 continue;
             }
-            dshim_status_t st = progress_op(comm, sig, op, esize, &moved);
+            dshim_status_t st = step_op(comm, sig, op, esize, &moved, hooks);
             if (st != DSHIM_OK) {
                 return fail_step(comm, sig, st);
             }
@@ -516,12 +716,23 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
         }
         double waited = now - last_progress;
         if (!announced && now - start > 1.0) {
-            announce_arrival(comm, sig->seq);
+            /* collectives only: a point-to-point number (per peer) would
+             * pass for the collective of that number */
+            if (sig->coll != DSHIM_COLL_P2P) {
+                announce_arrival(comm, sig->seq);
+            }
             announced = 1;
         }
         if (waited > comm->timeout_s) {
-            char who[512], missing[256];
+            char who[768], missing[256];
             waiting_on(comm, ops, n, who, sizeof(who));
+            if (sig->coll == DSHIM_COLL_P2P) {
+                /* point-to-point messages are numbered per peer: no arrival
+                 * marks; `who` names the peers that did not send */
+                dshim_error_quiet(DSHIM_ERR_TIMEOUT, "no progress for %.0f s (DSHIM_TIMEOUT) while %s",
+                                  comm->timeout_s, who);
+                return fail_step(comm, sig, DSHIM_ERR_TIMEOUT);
+            }
             missing_ranks(comm, sig->seq, missing, sizeof(missing));
             dshim_error_quiet(DSHIM_ERR_TIMEOUT,
                               "no progress for %.0f s (DSHIM_TIMEOUT) while %s; ranks that did not arrive at this "
@@ -537,9 +748,13 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             snprintf(cause, sizeof(cause), "%s", dshim_last_error());
             /* data may have arrived just before the peer left: try once more */
             int moved2 = 0;
+            if (bind_any_sources(comm, ops, n, &next_source) != DSHIM_OK) {
+                dshim_error_set_raw(cause);
+                return fail_step(comm, sig, st);
+            }
             for (int i = 0; i < n && !moved2; i++) {
                 if (op_active(&ops[i])) {
-                    if (progress_op(comm, sig, &ops[i], esize, &moved2) != DSHIM_OK) {
+                    if (step_op(comm, sig, &ops[i], esize, &moved2, hooks) != DSHIM_OK) {
                         break;
                     }
                 }

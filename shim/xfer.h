@@ -30,20 +30,29 @@ struct dshim_xfer_op {
     dshim_xfer_op_t *dep2;
     const dshim_coll_sig_t *sig; /* per-op signature (point-to-point batches); NULL = the step's */
     void *user;            /* owner's cookie (the request of a point-to-point op) */
+    /* RECV with peer DSHIM_ANY_SOURCE (< 0): bound to a peer while the batch
+     * runs, to the first whose stream starts with an unclaimed
+     * point-to-point message (xfer.c, bind_any_sources) */
     /* engine state */
     int phase;
     size_t done;
     size_t hoff;
     unsigned char hdr[48];
     dshim_xfer_op_t *prev; /* earlier op on the same peer and direction */
+    dshim_xfer_op_t *wild_prev; /* receives: the last receive from any source posted before it */
+    int any_source;        /* posted with peer DSHIM_ANY_SOURCE (peer may be bound since) */
+    int started;           /* receives: `start` hook called */
     int reported;
 };
 
 /* Hooks for open-ended batches (point-to-point): `absorb` may append ops at
- * ops[*n_p..cap) while the batch runs (called when nothing moves); `done` is
- * called once per op as it completes. */
+ * ops[*n_p..cap) while the batch runs (called when nothing moves); `start`
+ * is called once per receive when it begins to read its message (its peer
+ * is known then, and receives on one stream start in the stream's order);
+ * `done` is called once per op as it completes. */
 typedef struct dshim_xfer_hooks {
     int (*absorb)(dshim_comm_t *comm, dshim_xfer_op_t *ops, int *n_p, int cap, void *ctx);
+    void (*start)(dshim_comm_t *comm, dshim_xfer_op_t *op, void *ctx);
     void (*done)(dshim_comm_t *comm, dshim_xfer_op_t *op, void *ctx);
     void *ctx;
     int cap;
@@ -51,7 +60,8 @@ typedef struct dshim_xfer_hooks {
 
 dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
                              const dshim_xfer_hooks_t *hooks);
-/* Links ops[first..n) to earlier ops on the same peer and direction. */
+/* Links ops[first..n) to earlier ops on the same peer and direction (and
+ * receives to the last earlier receive from any source). */
 void dshim_xfer_link(dshim_xfer_op_t *ops, int first, int n);
 
 /* Runs ops[0..n) to completion.  The signature is checked against every
