@@ -36,6 +36,9 @@ void run_print_usage(void)
         "MXNet launch.py style (a scheduler, S servers and N workers; DMLC_* set):\n"
         "  -n, --num-workers N        number of workers\n"
         "  -s, --num-servers S        number of servers (default N)\n"
+        "  --master-addr HOST         the scheduler's address (DMLC_PS_ROOT_URI), one of this host's\n"
+        "                             (default: DSHIM_SOCKET_IFNAME's interface, else loopback or the\n"
+        "                             address toward the other hosts)\n"
         "\n"
         "both:\n"
         "  -H, --hostfile FILE        hosts, one host[:ssh-port] per line\n"
@@ -137,7 +140,8 @@ typedef struct {
 
 static void apply(run_opts_t *o, seen_t *seen, const char *name, const char *val)
 {
-    static const char *const torch_opts[] = {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr",
+    /* --master-addr is both styles': rank 0's host, or the scheduler's address (plan.c) */
+    static const char *const torch_opts[] = {"--nnodes", "--nproc-per-node", "--node-rank",
                                              "--master-port", "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend",
                                              "--standalone", "--module", "--no-python",
                                              "--legacy-local-rank-arg", "--legacy-local-rank-arg-underscore",

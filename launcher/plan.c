@@ -20,6 +20,7 @@
 
 #include "child.h"
 #include "config.h"
+#include "log.h"
 #include "net.h"
 #include "run.h"
 
@@ -118,6 +119,51 @@ static bool addr_is_local(const char *host)
         close(fd);
     }
     return local;
+}
+
+/* launch.py style: the scheduler runs on this host (as the dmlc tracker runs
+ * it), at DMLC_PS_ROOT_URI = --master-addr (one of this host's addresses),
+ * else what the other hosts reach this one at, where DSHIM_SOCKET_IFNAME (or
+ * NCCL_/GLOO_SOCKET_IFNAME, DMLC_INTERFACE: the order dshim's sockets use)
+ * picks the interface; on one machine that interface's address, else loopback. */
+static char *scheduler_addr(const run_opts_t *o, bool single_host)
+{
+    struct in_addr a;
+    /* failures below are reported as one usage line: no WARN line from the core first */
+    int level = dshim_log_level_current;
+    dshim_log_level_current = DSHIM_LOG_NONE;
+    if (o->master_addr) {
+        if (dshim_net_resolve(o->master_addr, &a) != DSHIM_OK) {
+            run_usage_error("--master-addr %s: cannot resolve it; give one of this host's addresses (ip -4 addr)",
+                            o->master_addr);
+        }
+        if (!addr_is_local(o->master_addr)) {
+            run_usage_error("--master-addr %s is not an address of this host: in launch.py style the scheduler runs "
+                            "on the launching host (as with launch.py); give one of this host's addresses (ip -4 addr)",
+                            o->master_addr);
+        }
+        dshim_log_level_current = level;
+        return run_xstrdup(o->master_addr);
+    }
+    const dshim_config_t *cfg = dshim_config();
+    const char *lists[] = {cfg->socket_ifname, cfg->nccl_ifname, cfg->gloo_ifname, cfg->dmlc_interface};
+    bool ifname_set = false;
+    for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++) {
+        ifname_set |= lists[i] != NULL && lists[i][0] != '\0';
+    }
+    if (!ifname_set || !single_host) {
+        /* toward the other hosts, an interface list already decides (this_host_addr) */
+        char *addr = this_host_addr(o, single_host);
+        dshim_log_level_current = level;
+        return addr;
+    }
+    char why[256] = "";
+    /* one machine: the listed interface's address instead of loopback */
+    if (dshim_net_pick_local_addr("127.0.0.1", &a, why, sizeof(why)) != DSHIM_OK) {
+        run_usage_error("the scheduler's address (DMLC_PS_ROOT_URI): %s", dshim_last_error());
+    }
+    dshim_log_level_current = level;
+    return run_xstrdup(inet_ntoa(a));
 }
 
 /* ---- environment --------------------------------------------------------- */
@@ -504,7 +550,9 @@ void run_build_plan(run_opts_t *o, run_plan_t *plan, int attempt)
     }
     /* a --master-addr naming this host is also how the others reach our store */
     char *here = NULL;
-    if (o->master_addr && (per_node_mode || addr_is_local(o->master_addr))) {
+    if (!torch) {
+        here = scheduler_addr(o, single_host);
+    } else if (o->master_addr && (per_node_mode || addr_is_local(o->master_addr))) {
         here = run_xstrdup(o->master_addr);
     } else {
         here = this_host_addr(o, single_host);

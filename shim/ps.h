@@ -70,6 +70,10 @@ typedef struct dshim_ps_part {
 int dshim_ps_layout(int key, size_t n, int num_servers, size_t bound, int compressed,
                     dshim_ps_part_t *parts);
 
+/* The placement of a row_sparse key of `rows` rows of `unit` elements (MXNet's
+ * EncodeRowSparseKey): whole rows; offset and count are in rows. */
+int dshim_ps_row_layout(int key, size_t rows, size_t unit, int num_servers, size_t bound, dshim_ps_part_t *parts);
+
 /* --- a node (worker or server): its scheduler connection ----------------- */
 typedef struct dshim_ps_node dshim_ps_node_t;
 
@@ -131,6 +135,14 @@ dshim_status_t dshim_ps_worker_push(dshim_ps_node_t *node, int server, int key, 
 /* Asks a server for its value of key (out_len bytes into out); does not wait. */
 dshim_status_t dshim_ps_worker_pull(dshim_ps_node_t *node, int server, int key, int dtype,
                                     void *out, size_t out_len, uint32_t *seq_p);
+/* Rows of a row_sparse key's server part (DSHIM_PS_F_ROWS): part_rows rows of
+ * `unit` elements.  A push sends payload = nrows int64 row ids (relative to the
+ * part, ascending) then their values; a pull sends the ids and gets the rows'
+ * values into out (out_len bytes).  Neither waits (dshim_ps_worker_wait_all). */
+dshim_status_t dshim_ps_worker_push_rows(dshim_ps_node_t *node, int server, int key, int dtype, const void *payload,
+                                         size_t len, size_t part_rows, size_t unit);
+dshim_status_t dshim_ps_worker_pull_rows(dshim_ps_node_t *node, int server, int key, int dtype, const int64_t *ids,
+                                         size_t nrows, size_t part_rows, size_t unit, void *out, size_t out_len);
 /* Waits for every outstanding request (pushes' acknowledgements, pulls). */
 dshim_status_t dshim_ps_worker_wait_all(dshim_ps_node_t *node);
 /* Forgets outstanding requests without a callback (their buffers are about to
@@ -155,8 +167,17 @@ typedef struct dshim_ps_server_ops {
     int (*has_updater)(void *ctx);
     /* runs the updater: stored <- update(key, recv, stored); 0 or an error */
     int (*update)(void *ctx, int key, void *recv_cookie, void *stored_cookie);
+    /* runs the updater with a row_sparse gradient: `nrows` rows (ascending ids,
+     * values of dtype, contiguous) of a key part of rows x unit elements;
+     * stored_cookie holds the part's values, all rows, dense.  NULL: the server
+     * cannot take row_sparse updates with an updater */
+    int (*update_rows)(void *ctx, int key, const int64_t *ids, size_t nrows, const void *vals, size_t rows,
+                       size_t unit, int dtype, void *stored_cookie);
     /* MXNet's controller for command 0 (and any command the server does not know) */
     int (*controller)(void *ctx, int head, const char *body);
+    /* MXNet's kSetProfilerParams (body as KVStoreDist sends it); 0, or -1 with
+     * the reason in err. NULL: the server has no profiler (an error to ask) */
+    int (*profiler)(void *ctx, const char *body, char *err, size_t err_len);
 } dshim_ps_server_ops_t;
 
 /* Serves until a worker sends kStopServer (or a peer dies: an error). */

@@ -128,6 +128,21 @@ int dshim_ps_layout(int key, size_t n, int num_servers, size_t bound, int compre
     return num_servers;
 }
 
+int dshim_ps_row_layout(int key, size_t rows, size_t unit, int num_servers, size_t bound, dshim_ps_part_t *parts)
+{
+    /* MXNet's EncodeRowSparseKey: whole rows, split when rows * unit >= bound
+     * (the same test as a dense key's), llround of double arithmetic */
+    int np = dshim_ps_layout(key, rows * unit, num_servers, bound, 0, parts);
+    for (int i = 0; np > 1 && i < num_servers; i++) {
+        parts[i].offset = part_bound(rows, num_servers, i);
+        parts[i].count = part_bound(rows, num_servers, i + 1) - parts[i].offset;
+    }
+    if (np == 1) {
+        parts[0].count = rows;
+    }
+    return np;
+}
+
 size_t dshim_ps_dtype_size(int dtype)
 {
     switch (dtype) {

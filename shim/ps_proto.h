@@ -29,6 +29,11 @@ enum {
 #define DSHIM_PS_F_PULL 1u       /* push: answer with the stored value */
 #define DSHIM_PS_F_COMPRESSED 2u /* push: 2-bit words of `nelem` values */
 #define DSHIM_PS_F_PIECE 4u      /* push: values [off, off + len/size) of a key of `nelem` */
+/* push/pull of rows of a row_sparse key's server part (MXNet's kRowSparsePushPull):
+ * nelem = rows in the part, off = elements per row; payload = `nrows` int64 row
+ * ids (relative to the part, ascending), then for a push nrows x off values; the
+ * answer to a pull is the nrows rows' values in the order asked */
+#define DSHIM_PS_F_ROWS 8u
 
 typedef struct dshim_ps_hdr {
     uint32_t magic;
@@ -67,6 +72,7 @@ typedef struct dshim_ps_pending {
     size_t out_len;
     dshim_ps_done_fn on_done; /* called by the receiver thread once answered (or failed) */
     void *arg;
+    int refusable;            /* a command: a server's error answer fails this call only */
 } dshim_ps_pending_t;
 
 struct dshim_ps_node {
@@ -102,6 +108,7 @@ struct dshim_ps_node {
     int receiver_running;
     int recv_pipe[2];          /* stops the receiver */
     char recv_error[512];      /* why the receiver stopped, "" while healthy */
+    char cmd_error[512];       /* a server refused the current command (under pend_mu) */
     /* counters */
     unsigned long n_push, n_pull, n_cmd;
     unsigned long long bytes_out, bytes_in;

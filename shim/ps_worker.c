@@ -106,6 +106,7 @@ static dshim_status_t add_pending(dshim_ps_node_t *node, int server, void *out, 
     p->out_len = out_len;
     p->on_done = fn;
     p->arg = arg;
+    p->refusable = 0;
     node->pending[node->npending++] = p;
     *seq_p = p->seq;
     pthread_mutex_unlock(&node->pend_mu);
@@ -120,6 +121,17 @@ static dshim_ps_pending_t *take_pending(dshim_ps_node_t *node, int server, uint3
         if (p->seq == seq && p->server == server) {
             node->pending[i] = node->pending[--node->npending];
             return p;
+        }
+    }
+    return NULL;
+}
+
+/* take_pending for a request a server may refuse (a command); NULL otherwise. Caller holds pend_mu. */
+static dshim_ps_pending_t *take_refusable(dshim_ps_node_t *node, int server, uint32_t seq)
+{
+    for (size_t i = 0; i < node->npending; i++) {
+        if (node->pending[i]->seq == seq && node->pending[i]->server == server && node->pending[i]->refusable) {
+            return take_pending(node, server, seq);
         }
     }
     return NULL;
@@ -187,6 +199,17 @@ static dshim_status_t read_answer(dshim_ps_node_t *node, int server)
         dshim_ps_skip_body(fd, h.len - k, deadline);
         char msg[512];
         snprintf(msg, sizeof(msg), "server %d (host %s): %s", server, node->servers[server].host, text);
+        /* a refused command fails that call only: the server goes on serving */
+        pthread_mutex_lock(&node->pend_mu);
+        dshim_ps_pending_t *refused = take_refusable(node, server, h.seq);
+        if (refused != NULL && node->cmd_error[0] == '\0') {
+            snprintf(node->cmd_error, sizeof(node->cmd_error), "%s", msg);
+        }
+        pthread_mutex_unlock(&node->pend_mu);
+        if (refused != NULL) {
+            complete(node, refused, 0);
+            return DSHIM_OK;
+        }
         dshim_ps_node_fail(node, msg);
         return DSHIM_ERR_INVALID;
     }
@@ -507,6 +530,38 @@ dshim_status_t dshim_ps_worker_pull(dshim_ps_node_t *node, int server, int key, 
     return send_to(node, server, &h, NULL);
 }
 
+dshim_status_t dshim_ps_worker_push_rows(dshim_ps_node_t *node, int server, int key, int dtype, const void *payload,
+                                         size_t len, size_t part_rows, size_t unit)
+{
+    uint32_t seq = 0;
+    DSHIM_CHECK(add_pending(node, server, NULL, 0, NULL, NULL, &seq));
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_PUSH, key, len);
+    h.dtype = (uint16_t)dtype;
+    h.seq = seq;
+    h.nelem = part_rows;
+    h.off = unit;
+    h.flags = DSHIM_PS_F_ROWS;
+    __atomic_add_fetch(&node->n_push, 1, __ATOMIC_RELAXED);
+    return send_to(node, server, &h, payload);
+}
+
+dshim_status_t dshim_ps_worker_pull_rows(dshim_ps_node_t *node, int server, int key, int dtype, const int64_t *ids,
+                                         size_t nrows, size_t part_rows, size_t unit, void *out, size_t out_len)
+{
+    uint32_t seq = 0;
+    DSHIM_CHECK(add_pending(node, server, out, out_len, NULL, NULL, &seq));
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_PULL, key, nrows * sizeof(int64_t));
+    h.dtype = (uint16_t)dtype;
+    h.seq = seq;
+    h.nelem = part_rows;
+    h.off = unit;
+    h.flags = DSHIM_PS_F_ROWS;
+    __atomic_add_fetch(&node->n_pull, 1, __ATOMIC_RELAXED);
+    return send_to(node, server, &h, ids);
+}
+
 dshim_status_t dshim_ps_worker_wait_all(dshim_ps_node_t *node)
 {
     double deadline = dshim_now() + node->env.timeout_s;
@@ -569,17 +624,39 @@ void dshim_ps_worker_drop(dshim_ps_node_t *node)
     pthread_mutex_unlock(&node->pend_mu);
 }
 
+/* Marks a registered request as one a server may refuse without failing the job. */
+static void mark_refusable(dshim_ps_node_t *node, int server, uint32_t seq)
+{
+    pthread_mutex_lock(&node->pend_mu);
+    for (size_t i = 0; i < node->npending; i++) {
+        if (node->pending[i]->seq == seq && node->pending[i]->server == server) {
+            node->pending[i]->refusable = 1;
+        }
+    }
+    pthread_mutex_unlock(&node->pend_mu);
+}
+
 dshim_status_t dshim_ps_worker_command(dshim_ps_node_t *node, int cmd, const char *body)
 {
     size_t len = body ? strlen(body) : 0;
+    pthread_mutex_lock(&node->pend_mu);
+    node->cmd_error[0] = '\0';
+    pthread_mutex_unlock(&node->pend_mu);
     for (int i = 0; i < node->env.num_servers; i++) {
         uint32_t seq = 0;
         DSHIM_CHECK(add_pending(node, i, NULL, 0, NULL, NULL, &seq));
+        mark_refusable(node, i, seq);
         dshim_ps_hdr_t h;
         dshim_ps_hdr_init(&h, DSHIM_PS_MSG_CMD, cmd, len);
         h.seq = seq;
         DSHIM_CHECK(send_to(node, i, &h, body));
     }
     node->n_cmd++;
-    return dshim_ps_worker_wait_all(node);
+    DSHIM_CHECK(dshim_ps_worker_wait_all(node));
+    char refused[sizeof(node->cmd_error)];
+    pthread_mutex_lock(&node->pend_mu);
+    memcpy(refused, node->cmd_error, sizeof(refused));
+    pthread_mutex_unlock(&node->pend_mu);
+    /* the servers printed it; the caller raises it */
+    return refused[0] != '\0' ? dshim_error_quiet(DSHIM_ERR_INVALID, "%s", refused) : DSHIM_OK;
 }

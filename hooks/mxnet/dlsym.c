@@ -1,7 +1,8 @@
 /* dlsym interposition: MXNet's Python opens libmxnet with
  * ctypes.CDLL(RTLD_LOCAL) and finds every C function with dlsym(handle, name),
  * which an LD_PRELOAD definition of MXKVStorePush would never shadow.  So
- * libdshim.so exports dlsym itself: for a MXKVStore* name looked up in a
+ * libdshim.so exports dlsym itself: for the name of a function taking a
+ * KVStoreHandle (MXKVStore*, and the process profiler's four) looked up in a
  * library that defines it (libmxnet), it returns dshim's implementation;
  * everything else goes to glibc's dlsym untouched.
  *
@@ -53,18 +54,29 @@ void *dshim_mx_real_dlsym(void *handle, const char *name)
     return real_dlsym()(handle, name);
 }
 
-static DSHIM_UNINSTRUMENTED int interesting(const char *name)
+/* 1 when name starts with prefix (whole: exact), by hand: no libc call here */
+static DSHIM_UNINSTRUMENTED int name_is(const char *name, const char *prefix, int whole)
 {
-    static const char prefix[] = "MXKVStore";
-    if (name == NULL) {
-        return 0;
-    }
-    for (unsigned i = 0; i < sizeof(prefix) - 1; i++) {
+    unsigned i = 0;
+    for (; prefix[i] != '\0'; i++) {
         if (name[i] != prefix[i]) {
             return 0;
         }
     }
-    return 1;
+    return !whole || name[i] == '\0';
+}
+
+/* The functions of libmxnet that take a KVStoreHandle: every MXKVStore* one,
+ * and the process profiler's four (they cast the handle to MXNet's KVStore
+ * when asked to profile the servers: dshim's handle must never reach them). */
+static DSHIM_UNINSTRUMENTED int interesting(const char *name)
+{
+    if (name == NULL || name[0] != 'M' || name[1] != 'X') {
+        return 0;
+    }
+    return name_is(name, "MXKVStore", 0) || name_is(name, "MXSetProcessProfilerConfig", 1) ||
+           name_is(name, "MXSetProcessProfilerState", 1) || name_is(name, "MXDumpProcessProfile", 1) ||
+           name_is(name, "MXProcessProfilePause", 1);
 }
 
 static void *mx_lookup(void *handle, const char *name);
@@ -79,7 +91,7 @@ DSHIM_UNINSTRUMENTED void *dshim_mx_dlsym_hook(void *handle, const char *name)
     return mx_lookup(handle, name);
 }
 
-/* A MXKVStore* name: dshim's implementation when handle is MXNet's library. */
+/* A name taking a KVStoreHandle: dshim's implementation when handle is MXNet's library. */
 static void *mx_lookup(void *handle, const char *name)
 {
     void *ours = dshim_mx_kvstore_lookup(name);

@@ -408,20 +408,16 @@ int dshim_MXKVStorePullEx(KVStoreHandle h, uint32_t num, const char **keys, NDAr
     return dshim_MXKVStorePullWithSparseEx(h, num, keys, vals, priority, true);
 }
 
-static int no_row_sparse(void)
-{
-    dshim_error(DSHIM_ERR_UNSUPPORTED, "row_sparse_pull is not supported by dshim's parameter server (dense arrays "
-                "only): run with DSHIM_MXNET=0 to use ps-lite for sparse models");
-    return dshim_mxkv_fail();
-}
-
 int dshim_MXKVStorePullRowSparse(KVStoreHandle h, uint32_t num, const int *keys, NDArrayHandle *vals,
                                  const NDArrayHandle *row_ids, int priority)
 {
     if (!dshim_mxkv_is_ours(h)) {
         return MX()->MXKVStorePullRowSparse(h, num, keys, vals, row_ids, priority);
     }
-    return no_row_sparse();
+    if (worker_only(h, "row_sparse_pull") != 0 || dshim_mxkv_row_sparse_pull(h, num, keys, vals, row_ids) != 0) {
+        return dshim_mxkv_fail();
+    }
+    return 0;
 }
 
 int dshim_MXKVStorePullRowSparseEx(KVStoreHandle h, uint32_t num, const char **keys, NDArrayHandle *vals,
@@ -430,7 +426,13 @@ int dshim_MXKVStorePullRowSparseEx(KVStoreHandle h, uint32_t num, const char **k
     if (!dshim_mxkv_is_ours(h)) {
         return MX()->MXKVStorePullRowSparseEx(h, num, keys, vals, row_ids, priority);
     }
-    return no_row_sparse();
+    if (worker_only(h, "row_sparse_pull") != 0) {
+        return dshim_mxkv_fail();
+    }
+    int *ikeys = map_keys(h, num, keys, 0);
+    int rc = ikeys != NULL ? dshim_mxkv_row_sparse_pull(h, num, ikeys, vals, row_ids) : -1;
+    free(ikeys);
+    return rc == 0 ? 0 : dshim_mxkv_fail();
 }
 
 int dshim_MXKVStoreBroadcast(KVStoreHandle h, uint32_t vnum, const int *vkeys, uint32_t onum, const int *okeys,

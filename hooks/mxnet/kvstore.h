@@ -14,6 +14,7 @@ typedef struct dshim_mxkv_key {
     size_t n;
     int dtype;
     float *residual; /* 2-bit error feedback, n floats */
+    size_t rows, unit; /* initialised as row_sparse: rows x unit, placed by rows (unit 0: dense) */
 } dshim_mxkv_key_t;
 
 typedef struct dshim_mxkv {
@@ -58,6 +59,27 @@ int dshim_mxkv_push(dshim_mxkv_t *kv, uint32_t num, const int *keys, NDArrayHand
 int dshim_mxkv_pull(dshim_mxkv_t *kv, uint32_t num, const int *keys, NDArrayHandle *vals, int ignore_sparse);
 int dshim_mxkv_pushpull(dshim_mxkv_t *kv, uint32_t vnum, const int *vkeys, uint32_t onum, const int *okeys,
                         NDArrayHandle *vals, NDArrayHandle *outs, int priority);
+
+/* kvstore_rows.c: row_sparse arrays (MXNet's storage type 1; csr is 2). */
+#define DSHIM_MX_STYPE_DEFAULT 0
+#define DSHIM_MX_STYPE_ROW_SPARSE 1
+#define DSHIM_MX_STYPE_CSR 2
+/* The storage type of h, or -1 (MXNet's error set). */
+int dshim_mxkv_stype(NDArrayHandle h);
+/* Refuses a csr array in `call` (one line naming it); returns -1. */
+int dshim_mxkv_refuse_csr(const char *call, int key);
+/* Pushes the sum of count row_sparse arrays of one key (init: the first value). */
+int dshim_mxkv_push_rows(dshim_mxkv_t *kv, int key, NDArrayHandle *arrs, int count, int init);
+/* A worker that does not push the init value still learns the key's row shape. */
+int dshim_mxkv_note_rows(dshim_mxkv_t *kv, int key, NDArrayHandle h);
+/* The placement of key k for a dense pull: whole rows for a row_sparse key. */
+int dshim_mxkv_parts(dshim_mxkv_t *kv, const dshim_mxkv_key_t *k, dshim_ps_part_t *parts);
+int dshim_mxkv_row_sparse_pull(dshim_mxkv_t *kv, uint32_t num, const int *keys, NDArrayHandle *outs,
+                               const NDArrayHandle *row_ids);
+/* A new row_sparse array of `shape` holding nnz rows (ascending ids, values
+ * contiguous), for a server's updater or a pull's output; NULL on error. */
+NDArrayHandle dshim_mxkv_rows_array(const int64_t *ids, size_t nnz, const void *vals, int ndim,
+                                    const uint32_t *shape, int dtype);
 
 /* kvstore_async.c: pushpull of CPU arrays as an operation of MXNet's engine.
  * Returns 0 when submitted, 1 when not eligible (the caller does it synchronously),

@@ -48,8 +48,9 @@ static int array_info(NDArrayHandle h, size_t *n_p, int *dtype_p)
         return -1;
     }
     if (stype != 0) {
-        dshim_error(DSHIM_ERR_UNSUPPORTED, "a sparse (row_sparse/csr) array reached dshim's parameter server, which "
-                    "carries dense arrays only: use dense gradients, or run with DSHIM_MXNET=0 for ps-lite");
+        dshim_error(DSHIM_ERR_UNSUPPORTED, "a %s array reached a dense call of a dist kvstore (pushpull, or a pull "
+                    "into it): as in MXNet's, sparse arrays go through kv.push and kv.row_sparse_pull",
+                    stype == DSHIM_MX_STYPE_CSR ? "csr" : "row_sparse");
         return -1;
     }
     size_t n = 1;
@@ -184,7 +185,11 @@ static int pull_key(dshim_mxkv_t *kv, int key, void *out, size_t n, int dtype)
     size_t es = dshim_ps_dtype_size(dtype);
     int ns = kv->env.num_servers;
     dshim_ps_part_t parts[ns];
-    int np = dshim_ps_layout(key, n, ns, kv->env.bigarray_bound, kv->compression, parts);
+    dshim_mxkv_key_t *k = dshim_mxkv_key(kv, key, n, dtype);
+    if (k == NULL) {
+        return -1;
+    }
+    int np = dshim_mxkv_parts(kv, k, parts); /* a row_sparse key is placed by rows */
     for (int i = 0; i < np; i++) {
         if (dshim_ps_worker_pull(kv->node, parts[i].server, key, dtype, (char *)out + parts[i].offset * es,
                                  parts[i].count * es, NULL) != DSHIM_OK) {
@@ -238,11 +243,24 @@ static int pushes(dshim_mxkv_t *kv, uint32_t num, const int *keys, NDArrayHandle
     int rc = 0;
     for (uint32_t i = 0; i < num && rc == 0;) {
         int c = count_same(s, i, num);
-        size_t n;
-        int dtype;
-        void *buf = read_sum(&s[i], c, vals, active, &n, &dtype);
-        rc = buf != NULL ? push_key(kv, s[i].key, buf, n, dtype, active, NULL) : -1;
-        free(buf);
+        int stype = dshim_mxkv_stype(vals[s[i].index]);
+        if (stype == DSHIM_MX_STYPE_ROW_SPARSE) {
+            NDArrayHandle arrs[c];
+            for (int j = 0; j < c; j++) {
+                arrs[j] = vals[s[i + (uint32_t)j].index];
+            }
+            rc = dshim_mxkv_push_rows(kv, s[i].key, arrs, c, !active);
+        } else if (stype == DSHIM_MX_STYPE_CSR) {
+            rc = dshim_mxkv_refuse_csr(active ? "kv.push" : "kv.init", s[i].key);
+        } else if (stype < 0) {
+            rc = -1;
+        } else {
+            size_t n;
+            int dtype;
+            void *buf = read_sum(&s[i], c, vals, active, &n, &dtype);
+            rc = buf != NULL ? push_key(kv, s[i].key, buf, n, dtype, active, NULL) : -1;
+            free(buf);
+        }
         i += (uint32_t)c;
     }
     free(s);
@@ -263,7 +281,15 @@ int dshim_mxkv_init(dshim_mxkv_t *kv, uint32_t num, const int *keys, NDArrayHand
         for (uint32_t i = 0; i < num; i++) {
             size_t n;
             int dtype;
-            if (array_info(vals[i], &n, &dtype) != 0 || dshim_mxkv_key(kv, keys[i], n, dtype) == NULL) {
+            int stype = dshim_mxkv_stype(vals[i]);
+            if (stype == DSHIM_MX_STYPE_ROW_SPARSE) {
+                if (dshim_mxkv_note_rows(kv, keys[i], vals[i]) != 0) {
+                    return -1;
+                }
+            } else if (stype == DSHIM_MX_STYPE_CSR) {
+                return dshim_mxkv_refuse_csr("kv.init", keys[i]);
+            } else if (stype < 0 || array_info(vals[i], &n, &dtype) != 0 ||
+                       dshim_mxkv_key(kv, keys[i], n, dtype) == NULL) {
                 return -1;
             }
         }
@@ -277,6 +303,28 @@ int dshim_mxkv_push(dshim_mxkv_t *kv, uint32_t num, const int *keys, NDArrayHand
         return -1;
     }
     return pushes(kv, num, keys, vals, 1);
+}
+
+/* MXNet's GroupKVPairsPull with ignore_sparse: a row_sparse output is left as
+ * it is, with MXNet's note once per key (here once per process). */
+static int skip_sparse(dshim_mxkv_t *kv, NDArrayHandle out, int key, int *rc)
+{
+    static int noted;
+    int stype = dshim_mxkv_stype(out);
+    if (stype < 0) {
+        *rc = -1;
+        return 0;
+    }
+    if (stype == DSHIM_MX_STYPE_DEFAULT) {
+        return 0;
+    }
+    if (!noted) {
+        noted = 1;
+        fprintf(stderr, "[dshim-ps worker %d] Warning: non-default weights detected during kvstore pull (key %d). "
+                "This call has been ignored. Please make sure to use kv.row_sparse_pull() or module.prepare() with "
+                "row_ids.\n", kv->rank, key);
+    }
+    return 1;
 }
 
 int dshim_mxkv_pull(dshim_mxkv_t *kv, uint32_t num, const int *keys, NDArrayHandle *vals, int ignore_sparse)
@@ -302,6 +350,10 @@ int dshim_mxkv_pull(dshim_mxkv_t *kv, uint32_t num, const int *keys, NDArrayHand
         int c = count_same(s, i, num);
         size_t n;
         int dtype;
+        if (skip_sparse(kv, vals[s[i].index], s[i].key, &rc)) {
+            i += (uint32_t)c; /* MXNet ignores it (ignore_sparse) */
+            continue;
+        }
         rc = array_info(vals[s[i].index], &n, &dtype);
         if (rc == 0) {
             bufs[i] = malloc(n * dshim_ps_dtype_size(dtype) + 1);
@@ -316,9 +368,11 @@ int dshim_mxkv_pull(dshim_mxkv_t *kv, uint32_t num, const int *keys, NDArrayHand
         int c = count_same(s, i, num);
         size_t n;
         int dtype;
-        rc = array_info(vals[s[i].index], &n, &dtype);
-        if (rc == 0) {
-            rc = write_all(&s[i], c, vals, bufs[i], n, dtype);
+        if (bufs[i] != NULL) {
+            rc = array_info(vals[s[i].index], &n, &dtype);
+            if (rc == 0) {
+                rc = write_all(&s[i], c, vals, bufs[i], n, dtype);
+            }
         }
         i += (uint32_t)c;
     }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "mxnet/kvstore.h"
+#include "mxnet/profiler.h"
 #include "status.h"
 
 #define MX() dshim_mx_api()
@@ -71,6 +72,28 @@ static int nd_update(void *ctx, int key, void *recv, void *stored)
     return 0;
 }
 
+/* The updater with a row_sparse gradient (as ps-lite's server passes its
+ * merged rows): the part's values seen as rows x unit, updated in place. */
+static int nd_update_rows(void *ctx, int key, const int64_t *ids, size_t nrows, const void *vals, size_t rows,
+                          size_t unit, int dtype, void *stored)
+{
+    dshim_mxkv_t *kv = ctx;
+    uint32_t shape[2] = {(uint32_t)rows, (uint32_t)unit};
+    int64_t dims[2] = {(int64_t)rows, (int64_t)unit};
+    NDArrayHandle grad = dshim_mxkv_rows_array(ids, nrows, vals, 2, shape, dtype);
+    NDArrayHandle weight = NULL;
+    if (grad == NULL || MX()->MXNDArrayReshape64(stored, 2, dims, false, &weight) != 0) {
+        fprintf(stderr, "[dshim-ps server %d] key %d: cannot build the row_sparse update: %s\n", kv->rank, key,
+                grad == NULL ? dshim_last_error() : MX()->MXGetLastError());
+        if (grad != NULL) {
+            MX()->MXNDArrayFree(grad);
+        }
+        return -1;
+    }
+    kv->updater(key, grad, weight, kv->updater_handle); /* MXNet's wrapper frees both handles */
+    return 0;
+}
+
 static int nd_controller(void *ctx, int head, const char *body)
 {
     dshim_mxkv_t *kv = ctx;
@@ -107,7 +130,9 @@ int dshim_MXKVStoreRunServer(KVStoreHandle h, MXKVStoreServerController *control
         .wait = nd_wait,
         .has_updater = nd_has_updater,
         .update = nd_update,
+        .update_rows = nd_update_rows,
         .controller = nd_controller,
+        .profiler = dshim_mxkv_server_profiler,
     };
     dshim_status_t st = dshim_ps_barrier(kv->node, DSHIM_PS_GROUP_ALL);
     if (st == DSHIM_OK) {

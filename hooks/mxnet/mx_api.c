@@ -1,5 +1,5 @@
 /* Resolves MXNet's C API from the libmxnet handle, and names dshim's
- * MXKVStore* implementations for the dlsym hook. */
+ * implementations of the functions taking a KVStoreHandle for the dlsym hook. */
 #include <pthread.h>
 #include <string.h>
 
@@ -33,6 +33,9 @@ int dshim_mx_api_bind(void *handle)
     }
     DSHIM_MX_NDARRAY_FUNCS(DSHIM_MX_RESOLVE)
     DSHIM_MX_KVSTORE_FUNCS(DSHIM_MX_RESOLVE)
+    DSHIM_MX_SPARSE_FUNCS(DSHIM_MX_RESOLVE)
+    DSHIM_MX_PROFILER_CALLS(DSHIM_MX_RESOLVE)
+    DSHIM_MX_PROFILER_FUNCS(DSHIM_MX_RESOLVE)
 #undef DSHIM_MX_RESOLVE
     /* MXAPISetLastError is C++ in 1.9; NNAPISetLastError is what it calls */
     a.set_last_error = (void (*)(const char *))dshim_mx_real_dlsym(handle, "NNAPISetLastError");
@@ -61,6 +64,7 @@ void *dshim_mx_kvstore_lookup(const char *name)
         return (void *)dshim_##fn;                                             \
     }
     DSHIM_MX_KVSTORE_FUNCS(DSHIM_MX_MATCH)
+    DSHIM_MX_PROFILER_FUNCS(DSHIM_MX_MATCH)
 #undef DSHIM_MX_MATCH
     return NULL;
 }

@@ -31,6 +31,37 @@ typedef void(MXKVStoreServerController)(int head, const char *body, void *contro
     X(MXShallowCopyNDArray, int, (NDArrayHandle, NDArrayHandle *))                                  \
     X(MXGetLastError, const char *, (void))
 
+/* The profiler of this process (a server applies its workers' commands with them) */
+#define DSHIM_MX_PROFILER_CALLS(X)                                                                  \
+    X(MXSetProfilerConfig, int, (int, const char *const *, const char *const *))                    \
+    X(MXSetProfilerState, int, (int))                                                               \
+    X(MXProfilePause, int, (int))                                                                   \
+    X(MXDumpProfile, int, (int))
+
+/* The other functions of libmxnet 1.9.1 that take a KVStoreHandle (src/c_api/c_api_profile.cc):
+ * with profile_process = 1 ("server") MXNet casts it to its own KVStore, so dshim carries them
+ * for its handles (hooks/mxnet/profiler.c); tests/mxnet/test_kvstore_handle_audit.py keeps the list */
+#define DSHIM_MX_PROFILER_FUNCS(X)                                                                  \
+    X(MXSetProcessProfilerConfig, int, (int, const char *const *, const char *const *, KVStoreHandle)) \
+    X(MXSetProcessProfilerState, int, (int, int, KVStoreHandle))                                    \
+    X(MXDumpProcessProfile, int, (int, int, KVStoreHandle))                                         \
+    X(MXProcessProfilePause, int, (int, int, KVStoreHandle))
+
+/* row_sparse arrays (hooks/mxnet/kvstore_rows.c): read a gradient's rows, build
+ * the arrays a server's updater and a row_sparse_pull's output get */
+#define DSHIM_MX_SPARSE_FUNCS(X)                                                                    \
+    X(MXNDArrayCreateSparseEx, int, (int, const uint32_t *, uint32_t, int, int, int, int, uint32_t, int *, \
+                                     uint32_t *, const uint32_t *, NDArrayHandle *))               \
+    X(MXNDArraySyncCopyFromNDArray, int, (NDArrayHandle, const NDArrayHandle, const int))           \
+    X(MXNDArrayGetAuxType, int, (NDArrayHandle, uint32_t, int *))                                   \
+    X(MXNDArrayGetAuxNDArray, int, (NDArrayHandle, uint32_t, NDArrayHandle *))                      \
+    X(MXNDArrayGetDataNDArray, int, (NDArrayHandle, NDArrayHandle *))                               \
+    X(MXNDArrayReshape64, int, (NDArrayHandle, int, int64_t *, bool, NDArrayHandle *))              \
+    X(NNGetOpHandle, int, (const char *, void **))                                                  \
+    X(MXAutogradSetIsRecording, int, (int, int *))                                                  \
+    X(MXImperativeInvoke, int, (void *, int, NDArrayHandle *, int *, NDArrayHandle **, int, const char **, \
+                                const char **))
+
 #define DSHIM_MX_KVSTORE_FUNCS(X)                                                                   \
     X(MXKVStoreCreate, int, (const char *, KVStoreHandle *))                                        \
     X(MXKVStoreSetGradientCompression, int, (KVStoreHandle, uint32_t, const char **, const char **)) \
@@ -64,6 +95,9 @@ typedef struct dshim_mx_api {
 #define DSHIM_MX_FIELD(name, ret, args) ret(*name) args;
     DSHIM_MX_NDARRAY_FUNCS(DSHIM_MX_FIELD)
     DSHIM_MX_KVSTORE_FUNCS(DSHIM_MX_FIELD)
+    DSHIM_MX_SPARSE_FUNCS(DSHIM_MX_FIELD)
+    DSHIM_MX_PROFILER_CALLS(DSHIM_MX_FIELD)
+    DSHIM_MX_PROFILER_FUNCS(DSHIM_MX_FIELD)
 #undef DSHIM_MX_FIELD
     void (*set_last_error)(const char *msg);
     /* MXEnginePushAsyncND (NULL if absent): lets pushpull run inside MXNet's engine */
@@ -77,14 +111,16 @@ typedef struct dshim_mx_api {
 const dshim_mx_api_t *dshim_mx_api(void);
 /* Binds to a libmxnet handle (idempotent); 0, or -1 when a function is missing. */
 int dshim_mx_api_bind(void *handle);
-/* dshim's implementation of a MXKVStore* function, or NULL. */
+/* dshim's implementation of a function taking a KVStoreHandle (MXKVStore*, the
+ * process profiler's), or NULL. */
 void *dshim_mx_kvstore_lookup(const char *name);
 /* The real dlsym (glibc's), for lookups that must not come back to us. */
 void *dshim_mx_real_dlsym(void *handle, const char *name);
 
-/* dshim's implementations (hooks/mxnet/kvstore*.c) */
+/* dshim's implementations (hooks/mxnet/kvstore*.c, profiler.c) */
 #define DSHIM_MX_DECL(name, ret, args) ret dshim_##name args;
 DSHIM_MX_KVSTORE_FUNCS(DSHIM_MX_DECL)
+DSHIM_MX_PROFILER_FUNCS(DSHIM_MX_DECL)
 #undef DSHIM_MX_DECL
 
 #endif

@@ -245,6 +245,65 @@ def test_mxnet_style_local(run, write_script, no_leftovers, args, servers, worke
     no_leftovers()
 
 
+def _this_hosts_ipv4():
+    """{interface: IPv4 address} of this host's interfaces that have one (SIOCGIFADDR)."""
+    import fcntl
+    import struct
+    found = {}
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            found[name] = socket.inet_ntoa(packed[20:24])
+    return found
+
+
+def _dry_run_root_uri(res):
+    """DMLC_PS_ROOT_URI as --dry-run shows it in the job environment."""
+    uris = re.findall(r"^  DMLC_PS_ROOT_URI=(\S+)$", res.out, re.M)
+    assert len(uris) == 1, describe(res)
+    return uris[0]
+
+
+def _outward_interface():
+    outward = {i: a for i, a in _this_hosts_ipv4().items() if not a.startswith("127.")}
+    if not outward:
+        pytest.skip("this host has no IPv4 address besides loopback")
+    return sorted(outward.items())[0]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["master-addr", "master_addr", "socket-ifname", "default-loopback"])
+def test_mxnet_style_scheduler_address_dry_run(run, write_script, how):
+    """launch.py style: --master-addr or DSHIM_SOCKET_IFNAME choose DMLC_PS_ROOT_URI (docs/launcher.md)."""
+    iface, addr = _outward_interface()
+    script = write_script("env.py", ENV_SCRIPT)
+    args, env, want = ["-n", "2", "--dry-run"], {}, addr
+    if how in ("master-addr", "master_addr"):
+        args += ["--" + how, addr]
+    elif how == "socket-ifname":
+        env["DSHIM_SOCKET_IFNAME"] = iface
+    else:
+        want = "127.0.0.1"
+    res = run(args + ["python", script], env=env, timeout=20)
+    assert res.rc == 0, describe(res)
+    assert _dry_run_root_uri(res) == want, describe(res)
+
+
+@pytest.mark.timeout(60)
+def test_mxnet_style_master_addr_reaches_every_process(run, write_script, no_leftovers):
+    iface, addr = _outward_interface()
+    script = write_script("env.py", ENV_SCRIPT)
+    res = run(["-n", "1", "-s", "1", "--master-addr", addr, "python", script])
+    assert res.rc == 0, describe(res)
+    recs = env_records(res.out, tag_re=r"scheduler|server \d+|worker \d+")
+    assert sorted(recs) == ["scheduler", "server 0", "worker 0"], describe(res)
+    assert {r["DMLC_PS_ROOT_URI"] for r in recs.values()} == {addr}, describe(res)
+    no_leftovers()
+
+
 # ---- 4. failures and signals ------------------------------------------------
 
 @pytest.mark.timeout(40)
@@ -522,6 +581,13 @@ BAD_INPUT = [
     ("slurm-outside-allocation", lambda w: ["--launcher", "slurm", "probe.py"], {}, "SLURM"),
     ("no-program", lambda w: ["--nproc-per-node", "2"], {}, "program"),
     ("nnodes-without-hosts", lambda w: ["--nnodes", "2", "probe.py"], {}, "--master-addr"),
+    # launch.py style: the scheduler runs here, so its address must be one of this host's
+    ("mxnet-master-addr-not-here", lambda w: ["-n", "1", "--master-addr", "198.51.100.7", "probe.py"], {},
+     "198.51.100.7 is not an address of this host"),
+    ("mxnet-master-addr-unresolvable", lambda w: ["-n", "1", "--master-addr", "no-such-host.invalid", "probe.py"],
+     {}, "no-such-host.invalid: cannot resolve"),
+    ("mxnet-socket-ifname-missing", lambda w: ["-n", "1", "probe.py"], {"DSHIM_SOCKET_IFNAME": "nosuchif0"},
+     "DSHIM_SOCKET_IFNAME=nosuchif0 matches no IPv4 interface"),
 ]
 
 

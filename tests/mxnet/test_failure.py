@@ -154,13 +154,12 @@ def test_missing_peers_time_out_with_a_message(tmp_path):
     assert "registration" in log or "registered" in log, job.logs()
 
 
-def test_sparse_pull_is_a_clear_error(tmp_path):
+def test_csr_push_is_a_clear_error(tmp_path):
     code = ("import mxnet as mx\n"
             "kv = mx.kv.create('dist_sync')\n"
-            "w = mx.nd.ones((4, 2)).tostype('row_sparse')\n"
             "kv.init(0, mx.nd.ones((4, 2)))\n"
             "try:\n"
-            "    kv.row_sparse_pull(0, out=w, row_ids=mx.nd.array([1]))\n"
+            "    kv.push(0, mx.nd.ones((4, 2)).tostype('csr'))\n"
             "except mx.base.MXNetError as e:\n"
             "    print('ERROR:', e)\n")
     (tmp_path / "sparse.py").write_text(code)
@@ -170,4 +169,4 @@ def test_sparse_pull_is_a_clear_error(tmp_path):
     finally:
         job.kill_all()
     assert all(c == 0 for c in codes.values()), job.logs()
-    assert "row_sparse_pull is not supported by dshim" in job.log("worker0"), job.logs()
+    assert "kv.push: key 0 is a csr array, which a dist kvstore does not carry" in job.log("worker0"), job.logs()

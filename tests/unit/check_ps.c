@@ -5,6 +5,7 @@
  * async mode without an updater is refused with a message, sharded keys,
  * pushpulls in pieces (DSHIM_PS_PIECE), pieces and whole pushes of one key in
  * one round, workers that cut a key differently (an error, not a wrong sum),
+ * a command the servers refuse (that call fails, the job goes on),
  * and a killed worker ends every other process with an error naming it.  (The real
  * MXNet runs in tests/mxnet; this covers the protocol in the sanitizer builds.)
  */
@@ -35,6 +36,9 @@ static int piece_mode;
 /* 1: the servers run an updater, stored += 0.5 * merged (keys of test_n
  * floats on one server), instead of storing the sum */
 static int server_updater;
+/* 1: worker 0 first sends a profiler command, which these servers (no MXNet)
+ * refuse: that call fails with their reason and the job goes on */
+static int refused_command;
 static size_t test_n;
 
 static int half_sum_has_updater(void *ctx)
@@ -145,6 +149,15 @@ static int run_worker(int port, int nw, int ns, size_t n, int sleep_forever_rank
     if (rank == 0 && dshim_ps_worker_command(node, DSHIM_PS_CMD_SYNC_MODE, "") != DSHIM_OK) {
         return 7;
     }
+    if (rank == 0 && refused_command) {
+        dshim_status_t st = dshim_ps_worker_command(node, DSHIM_PS_CMD_PROFILER, "11");
+        if (st == DSHIM_OK || strstr(dshim_last_error(), "no profiler") == NULL ||
+            strncmp(dshim_last_error(), "server ", 7) != 0) { /* names the server that said it first */
+            fprintf(stderr, "worker 0: a profiler command to a server without one: %d, '%s'\n", st,
+                    dshim_last_error());
+            return 17;
+        }
+    }
     float *v = calloc(n, sizeof(float)), *out = calloc(n, sizeof(float));
     dshim_ps_part_t parts[8];
     int np = dshim_ps_layout(3, n, ns, e.bigarray_bound, 0, parts);
@@ -210,6 +223,104 @@ static int run_worker(int port, int nw, int ns, size_t n, int sleep_forever_rank
     free(out);
     /* before the barrier, as the MXNet hook does: rank 0 may stop the
      * servers before the others return from it */
+    dshim_ps_worker_quiesce(node);
+    if (dshim_ps_barrier(node, DSHIM_PS_GROUP_WORKERS) != DSHIM_OK) {
+        return 12;
+    }
+    if (rank == 0 && dshim_ps_worker_command(node, DSHIM_PS_CMD_STOP_SERVER, "") != DSHIM_OK) {
+        return 13;
+    }
+    return dshim_ps_node_finish(node, 0) == DSHIM_OK ? 0 : 14;
+}
+
+/* row_sparse rows (DSHIM_PS_F_ROWS): key 5 of ROWS x UNIT floats, sliced by
+ * rows over the servers; rank 0 inits every row to 1, worker r pushes rows r
+ * and 7 with r + 1 (no updater: the key becomes the sum, other rows 0), then
+ * every worker pulls every row.  rows_mode 2: rank 1 also pushes a row id
+ * outside a server's part, which that server must refuse. */
+#define ROWS 10
+#define UNIT 3
+static int rows_mode;
+
+static dshim_status_t push_rows_of(dshim_ps_node_t *node, const dshim_ps_part_t *parts, int np, const int64_t *ids,
+                                   size_t k, float value)
+{
+    for (int p = 0; p < np; p++) {
+        char buf[ROWS * (8 + UNIT * 4) + 8];
+        size_t nr = 0;
+        for (size_t i = 0; i < k; i++) {
+            if ((size_t)ids[i] >= parts[p].offset && (size_t)ids[i] < parts[p].offset + parts[p].count) {
+                ((int64_t *)buf)[nr++] = ids[i] - (int64_t)parts[p].offset;
+            }
+        }
+        if (rows_mode == 2 && value == 2.0f) {
+            ((int64_t *)buf)[nr++] = (int64_t)parts[p].count; /* one past the part */
+        }
+        for (size_t j = 0; j < nr * UNIT; j++) {
+            ((float *)(buf + nr * 8))[j] = value;
+        }
+        dshim_status_t st = dshim_ps_worker_push_rows(node, parts[p].server, 5, 0, buf, nr * (8 + UNIT * 4),
+                                                      parts[p].count, UNIT);
+        if (st != DSHIM_OK) {
+            return st;
+        }
+    }
+    return dshim_ps_worker_wait_all(node);
+}
+
+static int run_rows_worker(int port, int nw, int ns)
+{
+    dshim_ps_env_t e = make_env(DSHIM_PS_WORKER, port, nw, ns);
+    dshim_ps_node_t *node;
+    if (dshim_ps_node_start(&e, &node) != DSHIM_OK || dshim_ps_worker_connect(node) != DSHIM_OK ||
+        dshim_ps_barrier(node, DSHIM_PS_GROUP_ALL) != DSHIM_OK) {
+        return 6;
+    }
+    int rank = dshim_ps_node_rank(node);
+    if (rank == 0 && dshim_ps_worker_command(node, DSHIM_PS_CMD_SYNC_MODE, "") != DSHIM_OK) {
+        return 7;
+    }
+    dshim_ps_part_t parts[8];
+    int np = dshim_ps_row_layout(5, ROWS, UNIT, ns, e.bigarray_bound, parts);
+    int64_t all[ROWS];
+    for (int i = 0; i < ROWS; i++) {
+        all[i] = i;
+    }
+    if (rank == 0 && push_rows_of(node, parts, np, all, ROWS, 1.0f) != DSHIM_OK) {
+        return 8;
+    }
+    if (dshim_ps_barrier(node, DSHIM_PS_GROUP_WORKERS) != DSHIM_OK) {
+        return 9;
+    }
+    const int64_t mine[2] = {rank, 7};
+    float got[ROWS * UNIT];
+    dshim_status_t st = push_rows_of(node, parts, np, mine, 2, (float)(rank + 1));
+    for (int p = 0; p < np && st == DSHIM_OK; p++) {
+        int64_t rel[ROWS];
+        for (size_t i = 0; i < parts[p].count; i++) {
+            rel[i] = (int64_t)i;
+        }
+        st = dshim_ps_worker_pull_rows(node, parts[p].server, 5, 0, rel, parts[p].count, parts[p].count, UNIT,
+                                       got + parts[p].offset * UNIT, parts[p].count * UNIT * 4);
+    }
+    if (st == DSHIM_OK) {
+        st = dshim_ps_worker_wait_all(node);
+    }
+    if (st != DSHIM_OK) {
+        fprintf(stderr, "worker %d: %s\n", rank, dshim_last_error());
+        int refused = strstr(dshim_last_error(), "outside this server's") != NULL;
+        dshim_ps_node_finish(node, 1);
+        return refused ? 20 : 10;
+    }
+    for (int r = 0; r < ROWS; r++) {
+        float want = r == 7 ? (float)(nw * (nw + 1) / 2) : r < nw ? (float)(r + 1) : 0.0f;
+        for (int j = 0; j < UNIT; j++) {
+            if (got[r * UNIT + j] != want) {
+                fprintf(stderr, "worker %d: row %d is %g, expected %g\n", rank, r, got[r * UNIT + j], want);
+                return 11;
+            }
+        }
+    }
     dshim_ps_worker_quiesce(node);
     if (dshim_ps_barrier(node, DSHIM_PS_GROUP_WORKERS) != DSHIM_OK) {
         return 12;
@@ -291,6 +402,7 @@ static void start(job_t *job, int port, int nw, int ns, size_t n, int sleeper)
             int rc = r == 0 ? run_scheduler(port, nw, ns)
                    : r <= ns ? run_server(port, nw, ns)
                    : server_sleeps ? run_dead_server_worker(port)
+                   : rows_mode ? run_rows_worker(port, nw, ns)
                                    : run_worker(port, nw, ns, n, sleeper);
             _exit(rc);
         }
@@ -377,6 +489,42 @@ START_TEST(pieces_of_different_sizes_are_an_error)
 }
 END_TEST
 
+START_TEST(row_sparse_rows_summed_and_pulled)
+{
+    rows_mode = 1;
+    sync_sum_case(3, 2, 0); /* 30 values >= bound 8: rows 0-4 on one server, 5-9 on the other */
+    sync_sum_case(2, 1, 0);
+    rows_mode = 0;
+}
+END_TEST
+
+START_TEST(row_sparse_row_outside_a_part_is_refused)
+{
+    rows_mode = 2;
+    job_t job;
+    start(&job, ck_free_port(), 2, 2, 0, -1);
+    int refused = 0;
+    for (int i = 1 + 2; i < job.n; i++) { /* the workers: none succeeds, one names the refusal */
+        int rc = wait_code(job.pids[i]);
+        ck_assert_msg(rc != 0 && rc != 11, "worker %d exited with %d", i - 3, rc);
+        refused |= rc == 20;
+    }
+    for (int i = 0; i < 3; i++) {
+        wait_code(job.pids[i]);
+    }
+    ck_assert_msg(refused, "no worker reported the server's refusal of the row id");
+    rows_mode = 0;
+}
+END_TEST
+
+START_TEST(a_refused_command_fails_that_call_only)
+{
+    refused_command = 1; /* forked processes see it; this test's own process ends after */
+    sync_sum_case(2, 2, 5);
+    refused_command = 0;
+}
+END_TEST
+
 START_TEST(killed_worker_ends_everyone)
 {
     job_t job;
@@ -435,6 +583,9 @@ int main(void)
     tcase_add_test(tc, pieces_and_whole_pushes_mixed);
     tcase_add_test(tc, pieces_with_an_updater_on_the_server);
     tcase_add_test(tc, pieces_of_different_sizes_are_an_error);
+    tcase_add_test(tc, a_refused_command_fails_that_call_only);
+    tcase_add_test(tc, row_sparse_rows_summed_and_pulled);
+    tcase_add_test(tc, row_sparse_row_outside_a_part_is_refused);
     tcase_add_test(tc, killed_worker_ends_everyone);
     tcase_add_test(tc, requests_to_a_dead_server_end_once);
     suite_add_tcase(su, tc);
