@@ -234,6 +234,7 @@ class _Comm:
         self.pid = os.getpid()
         self.store = store
         addr, port, token = _rendezvous(store, rank, size, timeout_s)
+        self.token = token   # names this communicator's keys in the torch store (monitored_barrier)
         args = _lib.CommArgs(rank=rank, size=size, store_addr=addr.encode(), store_port=port,
                              token=token.encode(), store_external=0)
         handle = ctypes.c_void_p()

@@ -99,6 +99,8 @@ _PROTOS = {
     "dshim_iscatter": (_int, [_vp, _vp, _vp, _sz, _int, _int, _reqp]),
     "dshim_isend": (_int, [_vp, _vp, _sz, _int, _int, _reqp]),
     "dshim_irecv": (_int, [_vp, _vp, _sz, _int, _int, _reqp]),
+    # receive from any source: the sender's rank lands in the int before the request completes
+    "dshim_irecv_any": (_int, [_vp, _vp, _sz, _int, ctypes.POINTER(_int), _reqp]),
     "dshim_ibarrier": (_int, [_vp, _reqp]),
 }
 

@@ -27,9 +27,11 @@ import torch.distributed as dist
 
 from . import _dtypes as D
 from . import _lib
+from . import _monitored
+from . import _sparse
 from ._comm import _Comm
 from ._staging import _Staging, _host_clone, _nbytes, _plain
-from ._work import DshimWork
+from ._work import DshimWork, profiled
 
 log = logging.getLogger("dshim")
 
@@ -88,6 +90,18 @@ def _cumsum(values):
     return out
 
 
+# profiler event titles (after the backend's name) per operation, as ProcessGroupGloo
+# titles its Work: every all-gather variant is "all_gather", both all-to-alls "all_to_all"
+_PROFILE_TITLES = {
+    "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce", "broadcast": "broadcast",
+    "reduce": "reduce", "all_gather": "all_gather", "all_gather_coalesced": "all_gather",
+    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter", "all_to_all_single": "all_to_all",
+    "all_to_all": "all_to_all", "gather": "gather", "scatter": "scatter", "barrier": "barrier",
+}
+
+
 # --------------------------------------------------------------------------
 # the ProcessGroup
 # --------------------------------------------------------------------------
@@ -107,6 +121,8 @@ class DshimProcessGroup(dist.ProcessGroup):
         self._size = size
         self._group_name = ""
         self._group_desc = ""
+        self._observed_backend = "dshim"   # the asked name under the takeover (set_observed_backend)
+        self._monitored_barriers = 0   # calls so far: names each call's keys in the store
         # "group of N" until torch names the group (setGroupName)
         self._comm = _Comm(store, rank, size, timeout_s if timeout_s > 0 else 1800.0, f"group of {size}")
         self._dshim_lib = self._comm.lib
@@ -114,11 +130,19 @@ class DshimProcessGroup(dist.ProcessGroup):
 
     # -- identity ---------------------------------------------------------------
 
+    # always "dshim", also under the takeover (where get_backend() answers the
+    # asked name): C++ readers act on it -- DDP's logger casts a group named
+    # "gloo" to ProcessGroupGloo -- and dshim is not one
     def getBackendName(self):
         return "dshim"
 
     def name(self):
         return "dshim"
+
+    def set_observed_backend(self, name):
+        """The takeover's: the backend the script asked for ("gloo", "nccl"),
+        which names what the script sees, e.g. profiler events ("gloo:send")."""
+        self._observed_backend = name
 
     # the group name and description live in Python: the C++ accessors of a
     # ProcessGroup without C++ backends raise "ProcessGroup name not set"
@@ -156,7 +180,19 @@ class DshimProcessGroup(dist.ProcessGroup):
 
     # -- plumbing ---------------------------------------------------------------
 
-    def _go(self, name, opts, calls, stage, result, sync_ok=True, coll=True):
+    def _go(self, name, opts, calls, stage, result, sync_ok=True, coll=True, inputs=None):
+        """Issues `calls`; a collective runs inside a profiler event named as
+        gloo names its own ("gloo:all_reduce" under the takeover of gloo), with
+        `inputs` (default: the tensors of `result`) as the event's inputs."""
+        title = _PROFILE_TITLES.get(name)
+        if title is None:
+            return self._issue(name, opts, calls, stage, result, sync_ok, coll)
+        if inputs is None:
+            inputs = [t for t in result if isinstance(t, torch.Tensor)]
+        return profiled(f"{self._observed_backend}:{title}", inputs,
+                        lambda: self._issue(name, opts, calls, stage, result, sync_ok, coll))
+
+    def _issue(self, name, opts, calls, stage, result, sync_ok, coll):
         post = stage.post() if stage is not None else None
         timeout = _timeout_of(opts) if opts is not None else None
         comm = self._comm
@@ -175,6 +211,8 @@ class DshimProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         tensors = _as_list(tensors)
         kind, factor = _reduce_op_of(opts)
+        if any(t.layout != torch.strided for t in tensors):
+            return self._sparse_allreduce(tensors, kind, factor, opts)
         lib = self._dshim_lib
         if len(tensors) == 1:
             t = tensors[0]
@@ -198,6 +236,13 @@ class DshimProcessGroup(dist.ProcessGroup):
                     h.mul_(factor)
             calls.append((dt, op, h))
         return self._reduce_calls("all_reduce", opts, calls, stage, tensors)
+
+    def _sparse_allreduce(self, tensors, kind, factor, opts):
+        _sparse.check_layouts(tensors)
+        _sparse.check_op(kind, factor)
+        timeout = _timeout_of(opts) if opts is not None else None
+        _sparse.allreduce(self, tensors, lambda label, calls: self._comm.run_sync(label, calls, None, timeout))
+        return DshimWork(None, tensors)
 
     def _reduce_calls(self, name, opts, calls, stage, result):
         lib = self._dshim_lib
@@ -307,7 +352,7 @@ class DshimProcessGroup(dist.ProcessGroup):
             fn = lib.dshim_allgatherv if sync else lib.dshim_iallgatherv
             calls = ((fn, (src.data_ptr(), base, _lib.size_array(counts),
                            _lib.size_array(_cumsum(counts)), D.BYTES)),)
-        return self._go("all_gather", opts, calls, stage, output_tensors)
+        return self._go("all_gather", opts, calls, stage, output_tensors, inputs=[inp])
 
     def _allgather_base(self, output, input, opts=None):
         return self._gather_into("all_gather_into_tensor", [output], [input], opts)
@@ -329,29 +374,49 @@ class DshimProcessGroup(dist.ProcessGroup):
             src = stage.input(inp)
             dst = stage.output(out)
             calls.append((fn, (src.data_ptr(), dst.data_ptr(), _nbytes(src), D.BYTES)))
-        return self._go(name, opts, calls, stage, outputs)
+        return self._go(name, opts, calls, stage, outputs, inputs=list(inputs))
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        # one all_gather per input, issued back to back, one Work for all
+        """torch's layout (gloo's too): output_lists[r] holds rank r's copy of
+        every input.  The inputs travel as one block of bytes per rank."""
+        name = "all_gather_coalesced"
+        n = self._size
+        if not input_list:
+            raise RuntimeError(f"dshim: {name}: the input tensor list is empty")
+        if any(t.dtype != input_list[0].dtype for t in input_list):
+            raise RuntimeError(f"dshim: {name}: the input tensors mix dtypes; pass tensors of one dtype "
+                               f"(as torch.distributed.all_gather_coalesced requires)")
+        if len(output_lists) != n:
+            raise RuntimeError(f"dshim: {name}: {len(output_lists)} output lists for a group of {n}; "
+                               f"pass one list per rank, each shaped like the input list")
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(input_list):
+                raise RuntimeError(f"dshim: {name}: output list {r} has {len(outs)} tensors, the input list "
+                                   f"{len(input_list)}")
+            for i, (o, inp) in enumerate(zip(outs, input_list)):
+                if o.shape != inp.shape or o.dtype != inp.dtype:
+                    raise RuntimeError(f"dshim: {name}: output {r}[{i}] is {tuple(o.shape)} x {o.dtype}, "
+                                       f"input {i} is {tuple(inp.shape)} x {inp.dtype}")
+        stage = _Staging()
+        if len(input_list) == 1:
+            src = stage.input(input_list[0])
+        else:
+            src = torch.cat([t.detach().reshape(-1).cpu().view(torch.uint8) for t in input_list])
+            stage.keep.append(src)
+        block = _nbytes(src)
+        buf = torch.empty(block * n, dtype=torch.uint8)
+        stage.keep.append(buf)
+        sizes = [_nbytes(t) for t in input_list]
+        for r, outs in enumerate(output_lists):
+            for o, off, c in zip(outs, _cumsum(sizes), sizes):
+                stage.keep.append(o)
+                if c:
+                    start = r * block + off
+                    stage.add_back(o, buf[start:start + c].view(o.dtype))
         lib = self._dshim_lib
         fn = lib.dshim_allgather if not _is_async(opts) else lib.dshim_iallgather
-        stage = _Staging()
-        calls = []
-        if len(output_lists) != len(input_list):
-            raise RuntimeError("dshim: all_gather_coalesced: one output list per input tensor")
-        for outs, inp in zip(output_lists, input_list):
-            if len(outs) != self._size or any(o.numel() != inp.numel() or o.dtype != inp.dtype for o in outs):
-                raise RuntimeError("dshim: all_gather_coalesced: every output list needs group-size tensors "
-                                   "shaped like its input")
-            src = stage.input(inp)
-            nb = _nbytes(src)
-            buf = torch.empty(nb * self._size, dtype=torch.uint8)
-            stage.keep.append(buf)
-            for i, o in enumerate(outs):
-                stage.keep.append(o)
-                stage.add_back(o, buf[i * nb:(i + 1) * nb].view(o.dtype))
-            calls.append((fn, (src.data_ptr(), buf.data_ptr(), nb, D.BYTES)))
-        return self._go("all_gather_coalesced", opts, calls, stage, output_lists)
+        calls = ((fn, (src.data_ptr(), buf.data_ptr(), block, D.BYTES)),)
+        return self._go(name, opts, calls, stage, output_lists, inputs=list(input_list))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         if isinstance(output_tensors, torch.Tensor):   # reduce_scatter(out, [ins], op)
@@ -389,7 +454,7 @@ class DshimProcessGroup(dist.ProcessGroup):
             per = 2 if view is not None else 1
             fn = lib.dshim_reduce_scatterv if sync else lib.dshim_ireduce_scatterv
             calls = ((fn, (fview.data_ptr(), dview.data_ptr(), _lib.size_array([c * per for c in counts]), dt, op)),)
-        return self._go("reduce_scatter", opts, calls, stage, output_tensors)
+        return self._go("reduce_scatter", opts, calls, stage, output_tensors, inputs=list(ins))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._scatter_into("reduce_scatter_tensor", [output], [input], opts)
@@ -420,7 +485,7 @@ class DshimProcessGroup(dist.ProcessGroup):
             if view is not None:
                 src, dst = torch.view_as_real(src), torch.view_as_real(dst)
             calls.append((fn, (src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op)))
-        return self._go(name, opts, calls, stage, outputs)
+        return self._go(name, opts, calls, stage, outputs, inputs=list(inputs))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         n = self._size
@@ -444,7 +509,7 @@ class DshimProcessGroup(dist.ProcessGroup):
             calls = ((fn, (src.data_ptr(), _lib.size_array(scounts), _lib.size_array(_cumsum(scounts)),
                            dst.data_ptr(), _lib.size_array(rcounts), _lib.size_array(_cumsum(rcounts)),
                            D.BYTES)),)
-        return self._go("all_to_all_single", opts, calls, stage, [output])
+        return self._go("all_to_all_single", opts, calls, stage, [output], inputs=[input])
 
     def _split_bytes(self, t, splits, what):
         n = self._size
@@ -481,7 +546,7 @@ class DshimProcessGroup(dist.ProcessGroup):
         fn = lib.dshim_alltoallv if not _is_async(opts) else lib.dshim_ialltoallv
         calls = ((fn, (sbuf.data_ptr(), _lib.size_array(scounts), _lib.size_array(_cumsum(scounts)),
                        rbuf.data_ptr(), _lib.size_array(rcounts), _lib.size_array(_cumsum(rcounts)), D.BYTES)),)
-        return self._go("all_to_all", opts, calls, stage, output_tensors)
+        return self._go("all_to_all", opts, calls, stage, output_tensors, inputs=list(input_tensors))
 
     def gather(self, output_tensors, input_tensors, opts=None):
         inp = _as_list(input_tensors)
@@ -509,7 +574,7 @@ class DshimProcessGroup(dist.ProcessGroup):
         lib = self._dshim_lib
         fn = lib.dshim_gather if not _is_async(opts) else lib.dshim_igather
         calls = ((fn, (src.data_ptr(), recv, nb, D.BYTES, root)),)
-        return self._go("gather", opts, calls, stage, output_tensors)
+        return self._go("gather", opts, calls, stage, output_tensors, inputs=[inp])
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         out = _as_list(output_tensors)
@@ -535,7 +600,7 @@ class DshimProcessGroup(dist.ProcessGroup):
         lib = self._dshim_lib
         fn = lib.dshim_scatter if not _is_async(opts) else lib.dshim_iscatter
         calls = ((fn, (send, dst.data_ptr(), nb, D.BYTES, root)),)
-        return self._go("scatter", opts, calls, stage, [out])
+        return self._go("scatter", opts, calls, stage, [out], inputs=list(input_tensors[0]) if send is not None else [])
 
     def barrier(self, opts=None):
         lib = self._dshim_lib
@@ -544,7 +609,9 @@ class DshimProcessGroup(dist.ProcessGroup):
 
     # -- point to point -----------------------------------------------------------
     # always asynchronous: send and recv are matched by order per peer (dshim has
-    # no tags), and a blocking send could wait for a receive posted after it
+    # no tags), and a blocking send could wait for a receive posted after it.
+    # A receive from any source takes the first message of whichever rank sends
+    # (MPI's matching, include/dshim.h); its Work's _source_rank() says who.
 
     def send(self, tensors, dst, tag=0):
         tensors = _as_list(tensors)
@@ -553,7 +620,9 @@ class DshimProcessGroup(dist.ProcessGroup):
         lib = self._dshim_lib
         calls = [(lib.dshim_isend, (h.data_ptr() or _NONNULL, _nbytes(h), D.BYTES, dst))
                  for h in map(stage.input, tensors)]
-        return self._go(f"send to rank {dst}", None, calls, stage, tensors, sync_ok=False, coll=False)
+        return profiled(f"{self._observed_backend}:send", tensors,
+                        lambda: self._go(f"send to rank {dst}", None, calls, stage, tensors, sync_ok=False,
+                                         coll=False))
 
     def recv(self, tensors, src, tag=0):
         tensors = _as_list(tensors)
@@ -561,10 +630,29 @@ class DshimProcessGroup(dist.ProcessGroup):
         stage = _Staging()
         lib = self._dshim_lib
         calls = [(lib.dshim_irecv, (h.data_ptr(), _nbytes(h), D.BYTES, src)) for h in map(stage.output, tensors)]
-        return self._go(f"recv from rank {src}", None, calls, stage, tensors, sync_ok=False, coll=False)
+        work = profiled(f"{self._observed_backend}:recv", tensors,
+                        lambda: self._go(f"recv from rank {src}", None, calls, stage, tensors, sync_ok=False,
+                                         coll=False))
+        work._set_source(src)
+        return work
 
     def recv_anysource(self, tensors, tag=0):
-        raise RuntimeError("dshim: recv from any source is not supported; pass src= to recv/irecv")
+        tensors = _as_list(tensors)
+        if len(tensors) != 1:
+            raise RuntimeError(f"dshim: recv from any source takes one tensor, got {len(tensors)} (each could come "
+                               f"from another rank); receive them one by one")
+        if self._size < 2:
+            raise RuntimeError("dshim: recv from any source in a group of 1 rank: no other rank could ever send")
+        stage = _Staging()
+        source = ctypes.c_int(-1)   # dshim writes the sender's rank before the receive completes
+        stage.keep.append(source)
+        h = stage.output(tensors[0])
+        calls = [(self._dshim_lib.dshim_irecv_any, (h.data_ptr(), _nbytes(h), D.BYTES, ctypes.byref(source)))]
+        work = profiled(f"{self._observed_backend}:recvAnySource", tensors,
+                        lambda: self._go("recv from any source", None, calls, stage, tensors, sync_ok=False,
+                                         coll=False))
+        work._set_source(source)
+        return work
 
     def _check_peer(self, peer, what):
         if not 0 <= peer < self._size or peer == self._rank:
@@ -572,7 +660,12 @@ class DshimProcessGroup(dist.ProcessGroup):
                                f"(0..{self._size - 1}, I am {self._rank})")
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        raise RuntimeError("dshim: monitored_barrier is not supported (gloo only); use barrier()")
+        """gloo's monitored barrier: rank 0 names the ranks that did not arrive
+        within `timeout` (the group's timeout when None); _monitored.py."""
+        call = self._monitored_barriers
+        self._monitored_barriers += 1
+        _monitored.monitored_barrier(self._comm.store, self._comm.token, call, self._rank, self._size, timeout,
+                                     self._comm.timeout_s, wait_all_ranks)
 
     # -- lifetime -------------------------------------------------------------------
 
@@ -598,4 +691,8 @@ class DshimProcessGroup(dist.ProcessGroup):
 
 def create_process_group(store, rank, size, timeout):
     """The creator registered with Backend.register_backend."""
-    return DshimProcessGroup(store, rank, size, timeout)
+    pg = DshimProcessGroup(store, rank, size, timeout)
+    # dist.monitored_barrier on a group created as "dshim" by name (torch's own
+    # guard lets only "gloo" through; the takeover's groups already answer "gloo")
+    _monitored.let_torch_call_dshim()
+    return pg

@@ -281,12 +281,13 @@ def extras(group=None, ranks=None):
         for k in range(3):
             same(f"coalesced all_reduce {k}", ts[k],
                  reference([data(r, 6, torch.float32, salt=40 + k) for r in range(n)], RO.SUM, torch.float32))
-        outs = [[torch.empty(3) for _ in range(n)] for _ in range(2)]
-        ins2 = [data(me, 3, torch.float32, salt=50 + k) for k in range(2)]
+        # torch's layout: one output list per rank, shaped like the input list
+        outs = [[torch.empty(3), torch.empty(2, 2)] for _ in range(n)]
+        ins2 = [data(me, 3, torch.float32, salt=50), data(me, 4, torch.float32, salt=51).reshape(2, 2)]
         dist.all_gather_coalesced(outs, ins2, group=group)
-        for k in range(2):
-            for r in range(n):
-                same(f"all_gather_coalesced {k}/{r}", outs[k][r], data(r, 3, torch.float32, salt=50 + k))
+        for r in range(n):
+            same(f"all_gather_coalesced 0/{r}", outs[r][0], data(r, 3, torch.float32, salt=50))
+            same(f"all_gather_coalesced 1/{r}", outs[r][1], data(r, 4, torch.float32, salt=51).reshape(2, 2))
     run("coalesced", coalesced)
 
     def uneven():
@@ -551,17 +552,8 @@ def sc_errors():
     except RuntimeError as e:
         if "int16" not in str(e):
             fail("int16 all_reduce", f"unclear message: {e}")
-    try:
-        dist.recv(torch.empty(2))
-        fail("recv from any source", "no error")
-    except RuntimeError as e:
-        if "any source" not in str(e):
-            fail("recv from any source", f"unclear message: {e}")
-    try:
-        dist.monitored_barrier()
-        fail("monitored_barrier", "no error")
-    except (RuntimeError, ValueError):   # torch itself refuses it for non-gloo groups
-        pass
+    # dist.monitored_barrier reaches a "dshim" group (torch's own guard admits only gloo; _monitored.py)
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=60), wait_all_ranks=RANK % 2 == 0)
     try:
         dist.send(torch.ones(1), dst=RANK)
         fail("send to self", "no error")
