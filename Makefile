@@ -20,7 +20,7 @@ test: setup build
 	@scripts/run_tests.sh $(BUILD)
 
 test-fast: build
-	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE slow
+	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE "slow|peer"
 
 demo: setup build
 	@scripts/demo.sh $(BUILD)

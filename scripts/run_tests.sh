@@ -15,9 +15,17 @@ build_variant() {  # dir, sanitizer
         make --no-print-directory -C "$1" -j"$JOBS" >/dev/null
 }
 
-stage "normal build: unit, preload, conformance, failure, gpu"
+stage "normal build: unit, preload, conformance, failure, gpu, torch, nccl, mxnet, launcher"
 # gpu tests skip themselves (exit code 77) on machines without a GPU
-(cd "$BUILD" && ctest --output-on-failure -j"$JOBS" --timeout 1500) || failed+=("normal")
+(cd "$BUILD" && ctest --output-on-failure -j"$JOBS" -LE peer --timeout 1500) || failed+=("normal")
+
+stage "peer: the frameworks' own test suites under dshim (label peer)"
+# torch's distributed_test.py for gloo under LD_PRELOAD=libdshim.so, checked against gloo's own
+# outcomes (tests/peer); one summary line per suite, from ctest's log of this run
+peer_start=$(date +%s)
+(cd "$BUILD" && ctest --output-on-failure -j"$JOBS" -L peer --timeout 1800) || failed+=("peer")
+grep -hE '^[a-zA-Z].*: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$BUILD/Testing/Temporary/LastTest.log" 2>/dev/null
+echo "peer: $(( $(date +%s) - peer_start )) s"
 
 stage "ASan+UBSan build"
 if build_variant build-asan address; then

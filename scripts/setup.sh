@@ -57,6 +57,12 @@ if ! .venv/bin/pip show dshim >/dev/null 2>&1; then
     echo "setup: installing the dshim torch backend into .venv (pip install -e python)"
     .venv/bin/pip install -q --disable-pip-version-check --no-deps -e python
 fi
+# torch's own test modules (tests/peer runs torch/testing/_internal/distributed/distributed_test.py)
+# import expecttest, which the torch wheel does not depend on.
+if ! .venv/bin/python -c 'import expecttest' >/dev/null 2>&1; then
+    echo "setup: installing expecttest into .venv (torch's test modules import it)"
+    .venv/bin/pip install -q --disable-pip-version-check expecttest
+fi
 # .venv-mxnet: MXNet 1.9.1 from PyPI for tests/mxnet (the dist kvstore over dshim's parameter
 # server).  MXNet 1.9 predates Python 3.11 and uses numpy's removed aliases (np.bool): Python 3.10
 # and numpy < 1.24.  The wheel needs libgomp1 and libquadmath0 (above).
