@@ -39,6 +39,8 @@ void run_print_usage(void)
         "  --master-addr HOST         the scheduler's address (DMLC_PS_ROOT_URI), one of this host's\n"
         "                             (default: DSHIM_SOCKET_IFNAME's interface, else loopback or the\n"
         "                             address toward the other hosts)\n"
+        "  --master-port PORT         the scheduler's port (DMLC_PS_ROOT_PORT; default the first free\n"
+        "                             one from 9091, as launch.py; 0 = any free one)\n"
         "\n"
         "both:\n"
         "  -H, --hostfile FILE        hosts, one host[:ssh-port] per line\n"
@@ -140,9 +142,10 @@ typedef struct {
 
 static void apply(run_opts_t *o, seen_t *seen, const char *name, const char *val)
 {
-    /* --master-addr is both styles': rank 0's host, or the scheduler's address (plan.c) */
+    /* --master-addr/--master-port are both styles': rank 0's, or the scheduler's address and
+     * port (plan.c) */
     static const char *const torch_opts[] = {"--nnodes", "--nproc-per-node", "--node-rank",
-                                             "--master-port", "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend",
+                                             "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend",
                                              "--standalone", "--module", "--no-python",
                                              "--legacy-local-rank-arg", "--legacy-local-rank-arg-underscore",
                                              NULL};

@@ -640,10 +640,16 @@ void run_build_plan(run_opts_t *o, run_plan_t *plan, int attempt)
         run_strv_setenv(&common, "MASTER_PORT", "%d", mport);
         torch_procs(o, plan, &common, &argv0, legacy_at, per_node_mode, attempt);
     } else {
-        int root_port = -1;
-        for (int p = 9091; p <= 9999 && root_port < 0; p++) {
+        int root_port = o->master_port > 0 ? o->master_port : -1;
+        if (root_port > 0 && !port_free(root_port)) {
+            run_usage_error("--master-port %d is in use on this host (another job?); give a free port, or 0 to "
+                            "pick one", root_port);
+        }
+        /* without --master-port: the first free port of the dmlc tracker's range, as launch.py
+         * (two jobs started at once may pick the same one: give each its own --master-port) */
+        for (int p = 9091; p <= 9999 && root_port < 0 && o->master_port < 0; p++) {
             if (port_free(p)) {
-                root_port = p;  /* the dmlc tracker's range */
+                root_port = p;
             }
         }
         if (root_port < 0) {

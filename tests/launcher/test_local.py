@@ -267,6 +267,24 @@ def _dry_run_root_uri(res):
     return uris[0]
 
 
+@pytest.mark.timeout(30)
+def test_mxnet_style_master_port(run, write_script):
+    """launch.py style: --master-port chooses DMLC_PS_ROOT_PORT (concurrent jobs need their own);
+    a port in use here is refused with one line."""
+    script = write_script("env.py", ENV_SCRIPT)
+    port = free_port()
+    res = run(["-n", "2", "--master-port", str(port), "--dry-run", "python", script], timeout=20)
+    assert res.rc == 0, describe(res)
+    assert re.findall(r"^  DMLC_PS_ROOT_PORT=(\S+)$", res.out, re.M) == [str(port)], describe(res)
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", port))
+        busy.listen(1)
+        res = run(["-n", "1", "--master-port", str(port), "python", script], timeout=20)
+    lines = error_lines(res.err)
+    assert res.rc == 2 and len(lines) == 1, describe(res)
+    assert f"--master-port {port} is in use on this host" in lines[0], lines[0]
+
+
 def _outward_interface():
     outward = {i: a for i, a in _this_hosts_ipv4().items() if not a.startswith("127.")}
     if not outward:

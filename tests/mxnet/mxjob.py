@@ -33,7 +33,9 @@ def clean_env(extra=None):
 def launch(script, out, *args, dshim=True, nw=2, ns=2, env=None, timeout=180):
     """dshim-run -n nw -s ns [--no-preload] python script out args...; returns the output."""
     os.makedirs(out, exist_ok=True)
-    cmd = [str(RUN)] + ([] if dshim else ["--no-preload"]) + ["-n", str(nw), "-s", str(ns),
+    # its own scheduler port: the default (first free from 9091, as launch.py) races with other jobs
+    cmd = [str(RUN)] + ([] if dshim else ["--no-preload"]) + ["--master-port", str(free_port()),
+                                                           "-n", str(nw), "-s", str(ns),
                                                            str(PY), str(SCRIPTS / script), str(out)]
     cmd += [str(a) for a in args]
     extra = {"DSHIM_PS_COUNTERS": "1"}

@@ -7,7 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from mxjob import PY, RUN, SCRIPTS, clean_env, launch, load_params
+from mxjob import PY, RUN, SCRIPTS, clean_env, free_port, launch, load_params
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,7 +29,7 @@ def test_refused_on_the_worker(tmp_path):
     ("async", "Updater needs to be set for async mode"),
 ])
 def test_refused_by_the_server(tmp_path, case, needle):
-    cmd = [str(RUN), "-n", "2", "-s", "1", str(PY), str(SCRIPTS / "row_sparse_errors.py"), str(tmp_path),
+    cmd = [str(RUN), "--master-port", str(free_port()), "-n", "2", "-s", "1", str(PY), str(SCRIPTS / "row_sparse_errors.py"), str(tmp_path),
            "--case", case]
     p = subprocess.run(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=120)

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from mxjob import LIB, PY, RUN, SCRIPTS, clean_env
+from mxjob import LIB, PY, RUN, SCRIPTS, clean_env, free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -24,7 +24,7 @@ if not PY.exists() or not LIB.exists():
 
 def _run(tmp_path, dshim, *args):
     """dshim-run -n 2 -s 2 in tmp_path (the servers write their profiles there)."""
-    cmd = [str(RUN)] + ([] if dshim else ["--no-preload"]) + ["-n", "2", "-s", "2", str(PY),
+    cmd = [str(RUN)] + ([] if dshim else ["--no-preload"]) + ["--master-port", str(free_port()), "-n", "2", "-s", "2", str(PY),
                                                            str(SCRIPTS / "server_profiling.py"), str(tmp_path)]
     p = subprocess.run(cmd + list(args), cwd=tmp_path, env=clean_env({"DSHIM_PS_COUNTERS": "1"}),
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240, text=True)
