@@ -530,18 +530,26 @@ dshim_status_t dshim_ps_worker_pull(dshim_ps_node_t *node, int server, int key, 
     return send_to(node, server, &h, NULL);
 }
 
+/* The header of a rows message (wire-protocol §7): nelem = rows in the server's
+ * part of the key, off = elements per row. */
+static void rows_hdr(dshim_ps_hdr_t *h, int type, int key, int dtype, size_t len, uint32_t seq, size_t part_rows,
+                     size_t unit)
+{
+    dshim_ps_hdr_init(h, type, key, len);
+    h->dtype = (uint16_t)dtype;
+    h->seq = seq;
+    h->nelem = part_rows;
+    h->off = unit;
+    h->flags = DSHIM_PS_F_ROWS;
+}
+
 dshim_status_t dshim_ps_worker_push_rows(dshim_ps_node_t *node, int server, int key, int dtype, const void *payload,
                                          size_t len, size_t part_rows, size_t unit)
 {
     uint32_t seq = 0;
     DSHIM_CHECK(add_pending(node, server, NULL, 0, NULL, NULL, &seq));
     dshim_ps_hdr_t h;
-    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_PUSH, key, len);
-    h.dtype = (uint16_t)dtype;
-    h.seq = seq;
-    h.nelem = part_rows;
-    h.off = unit;
-    h.flags = DSHIM_PS_F_ROWS;
+    rows_hdr(&h, DSHIM_PS_MSG_PUSH, key, dtype, len, seq, part_rows, unit);
     __atomic_add_fetch(&node->n_push, 1, __ATOMIC_RELAXED);
     return send_to(node, server, &h, payload);
 }
@@ -552,12 +560,7 @@ dshim_status_t dshim_ps_worker_pull_rows(dshim_ps_node_t *node, int server, int 
     uint32_t seq = 0;
     DSHIM_CHECK(add_pending(node, server, out, out_len, NULL, NULL, &seq));
     dshim_ps_hdr_t h;
-    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_PULL, key, nrows * sizeof(int64_t));
-    h.dtype = (uint16_t)dtype;
-    h.seq = seq;
-    h.nelem = part_rows;
-    h.off = unit;
-    h.flags = DSHIM_PS_F_ROWS;
+    rows_hdr(&h, DSHIM_PS_MSG_PULL, key, dtype, nrows * sizeof(int64_t), seq, part_rows, unit);
     __atomic_add_fetch(&node->n_pull, 1, __ATOMIC_RELAXED);
     return send_to(node, server, &h, ids);
 }
