@@ -27,7 +27,7 @@
 #include "dshim.h"
 #include "log.h"
 #include "reduce/cuda/reduce_cuda.h"
-#include "reduce/cuda_loader.h"
+#include "cuda_loader.h"
 #include "reduce/reduce.h"
 
 #define SKIP_CODE 77

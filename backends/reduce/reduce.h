@@ -38,11 +38,17 @@ typedef struct dshim_reduce_ops {
     /* buf[i] = buf[i] / divisor (AVG).  Integers: truncating division. */
     dshim_status_t (*scale_div)(void *buf, size_t count, dshim_dtype_t dtype, int divisor,
                                 void *stream);
+    /* dst[i] = src[i] * *scalar (a value of dtype).  Integers wrap; narrow
+     * floats are widened to float, multiplied, rounded back once.  dst may
+     * alias src exactly. */
+    void (*scale_mul)(void *dst, const void *src, size_t count, dshim_dtype_t dtype, const void *scalar);
 } dshim_reduce_ops_t;
 
 /* The CPU backend.  `isa` is "auto", "avx512", "avx2" or "scalar"; a request
  * the CPU cannot run falls back to the best it can (logged at INFO). */
 const dshim_reduce_ops_t *dshim_reduce_cpu_ops(const char *isa);
+/* The CPU backend's scale_mul (backends/reduce/cpu/scale_mul.c). */
+void dshim_reduce_cpu_scale_mul(void *dst, const void *src, size_t count, dshim_dtype_t dtype, const void *scalar);
 
 /* Scalar conversions shared by kernels, tests and hooks. */
 float dshim_half_to_float(unsigned short h);

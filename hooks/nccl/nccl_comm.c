@@ -14,7 +14,6 @@
 
 #include "nccl/nccl_internal.h"
 #include "status.h"
-#include "store.h"
 
 static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ncclComm *live_head;
@@ -27,7 +26,7 @@ static void announce_all_at_exit(void)
     pthread_mutex_lock(&live_lock);
     for (struct ncclComm *c = live_head; c; c = c->next_live) {
         /* a failed communicator has told its peers already */
-        if (c->dc && c->dc->owner_pid == getpid() && __atomic_load_n(&c->dc->error, __ATOMIC_ACQUIRE) == DSHIM_OK) {
+        if (c->dc && dshim_hook_owned_here(c->dc) && !dshim_hook_failed(c->dc)) {
             dshim_nccl_announce_leave(c);
         }
     }
@@ -67,13 +66,9 @@ int dshim_nccl_comm_valid(const struct ncclComm *comm)
 
 void dshim_nccl_announce_leave(struct ncclComm *comm)
 {
-    dshim_comm_t *dc = comm->dc;
-    if (!dc || !dc->store || !dc->store->store) {
-        return;
+    if (comm->dc) {
+        dshim_hook_announce_leave(comm->dc);
     }
-    char key[160];
-    snprintf(key, sizeof(key), "%snccl-left/%d", dc->prefix, dc->rank);
-    dshim_store_set(dc->store->store, key, "1", 1);
 }
 
 void dshim_nccl_init_join(struct ncclComm *comm)
@@ -447,7 +442,7 @@ static ncclResult_t release(ncclComm_t comm, int aborting, const char *call)
     dshim_nccl_init_join(comm);
     dshim_nccl_live_remove(comm);
     dshim_comm_t *dc = comm->dc;
-    if (dc && dshim_comm_check_owner(dc, call) != DSHIM_OK) {
+    if (dc && dshim_hook_check_owner(dc, call) != DSHIM_OK) {
         /* a forked child: the sockets are the parent's; forget the object */
         comm_free(comm);
         return ncclSuccess;

@@ -36,7 +36,6 @@
 #include <time.h>
 
 #include "config.h"
-#include "engine.h"
 #include "log.h"
 #include "net.h"
 #include "nccl/nccl_cuda.h"
@@ -278,10 +277,10 @@ static void run_task(cuda_state_t *s, cuda_task_t *t)
     dshim_comm_t *dc = s->comm->dc;
     if (e != cudaSuccess) {
         char msg[256];
-        snprintf(msg, sizeof(msg), "rank %d: waiting for the input copies failed: %s", dc->rank,
+        snprintf(msg, sizeof(msg), "rank %d: waiting for the input copies failed: %s", dshim_comm_rank(dc),
                  s->api->GetErrorString(e));
         s->api->GetLastError();
-        dshim_comm_fail(dc, DSHIM_ERR_SYSTEM, msg);
+        dshim_hook_fail(dc, DSHIM_ERR_SYSTEM, msg);
         return;
     }
     if (__atomic_load_n(&s->aborting, __ATOMIC_ACQUIRE)) {
@@ -290,8 +289,8 @@ static void run_task(cuda_state_t *s, cuda_task_t *t)
     if (t->barrier) {
         DSHIM_TRACE("proxy: stream barrier %u: its work is done here, waiting for the other ranks", t->seq);
         dshim_status_t st = dshim_barrier(dc);
-        if (st != DSHIM_OK && __atomic_load_n(&dc->error, __ATOMIC_ACQUIRE) == DSHIM_OK) {
-            dshim_comm_fail(dc, st, dshim_last_error());
+        if (st != DSHIM_OK && !dshim_hook_failed(dc)) {
+            dshim_hook_fail(dc, st, dshim_last_error());
         }
         return;
     }
@@ -299,10 +298,10 @@ static void run_task(cuda_state_t *s, cuda_task_t *t)
     /* one proxy per communicator: its batch may run to completion here */
     ncclResult_t res = dshim_nccl_exec_host.start(s->comm, t->ops, t->n, 1, &batch);
     ncclResult_t fin = dshim_nccl_exec_host.finish(s->comm, batch);
-    if ((res != ncclSuccess || fin != ncclSuccess) && __atomic_load_n(&dc->error, __ATOMIC_ACQUIRE) == DSHIM_OK) {
+    if ((res != ncclSuccess || fin != ncclSuccess) && !dshim_hook_failed(dc)) {
         /* nobody waits for this call's result: make it the communicator's
          * asynchronous error */
-        dshim_comm_fail(dc, DSHIM_ERR_INTERNAL, dshim_last_error());
+        dshim_hook_fail(dc, DSHIM_ERR_INTERNAL, dshim_last_error());
     }
 }
 

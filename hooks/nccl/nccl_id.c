@@ -213,11 +213,11 @@ void dshim_nccl_id_wait_byes(hosted_t *h, dshim_comm_t *dc)
     /* the goodbye counter of dshim's core: every rank's destroy of the
      * communicator made from the id adds one; ours comes after this wait
      * when dc is that communicator (not a split of it) */
-    int own_pending = strcmp(dc->prefix, "c0/") == 0;
+    int own_pending = dshim_hook_is_world(dc);
     int64_t want = h->world - own_pending;
-    double deadline = dshim_now() + (__atomic_load_n(&dc->error, __ATOMIC_ACQUIRE) != DSHIM_OK ? 3.0 : 30.0);
+    double deadline = dshim_now() + (dshim_hook_failed(dc) ? 3.0 : 30.0);
     int64_t v = 0;
-    while (dshim_store_add(dc->store->store, "bye", 0, &v) == DSHIM_OK && v < want && dshim_now() < deadline) {
+    while ((v = dshim_hook_goodbyes(dc)) >= 0 && v < want && dshim_now() < deadline) {
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
     }

@@ -20,8 +20,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "comm.h"
 #include "dshim.h"
+#include "dshim_hook.h"
 
 #define DSHIM_NCCL_EXPORT __attribute__((visibility("default")))
 /* The profiling aliases (pnccl*) are the same functions under a second name. */
@@ -192,8 +192,6 @@ ncclResult_t dshim_nccl_post(const dshim_nccl_op_t *op, const void *sbuf, void *
                              int blocking, dshim_nccl_posted_t *out);
 /* Waits for a posted op and releases what it owned. */
 ncclResult_t dshim_nccl_complete(struct ncclComm *comm, dshim_nccl_posted_t *p);
-/* dst[i] = src[i] * scalar in dtype t (scalar: one element of t). */
-void dshim_nccl_scale(void *dst, const void *src, size_t count, ncclDataType_t t, const void *scalar);
 /* Resolves op (built-in or PreMulSum) for an op being built. */
 ncclResult_t dshim_nccl_redop_resolve(struct ncclComm *comm, ncclRedOp_t op, ncclDataType_t t, dshim_nccl_op_t *o,
                                       const char *call);

@@ -39,11 +39,10 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "comm.h"
 #include "log.h"
 #include "nccl/nccl_cuda.h"
 #include "nccl/nccl_internal.h"
-#include "reduce/cuda_loader.h"
+#include "cuda_loader.h"
 #include "status.h"
 
 struct dshim_nccl_ipc {
@@ -135,7 +134,7 @@ int dshim_nccl_ipc_eligible(const struct ncclComm *comm, const dshim_nccl_op_t *
 {
     const dshim_nccl_op_t *o = &ops[0];
     if (!dshim_config()->nccl_ipc || n != 1 || o->premul || o->count == 0 || comm->nranks < 2 || !comm->dc ||
-        comm->dc->nlocal != comm->dc->size) {
+        dshim_hook_local_size(comm->dc) != dshim_comm_size(comm->dc)) {
         return 0;
     }
     switch (o->kind) {

@@ -138,7 +138,7 @@ def build_shim(tmpdir, codec_only):
     cmd = ["cc", "-std=gnu11", "-shared", "-fPIC", "-Wall", "-Werror",
            f"-I{REPO / 'include'}", f"-I{REPO / 'shim'}", "-o", str(so)]
     if codec_only:
-        cmd += ["-O3", "-march=native", "-DTWOBIT_CODEC_ONLY", str(src), str(REPO / "shim/ps_twobit.c")]
+        cmd += ["-O3", "-march=native", "-DTWOBIT_CODEC_ONLY", str(src), str(REPO / "shim/ps/ps_twobit.c")]
     else:
         core = BUILD / "lib" / "libdshim_core.a"
         if not core.exists():

@@ -1,7 +1,7 @@
 /* Test-only: exports dshim's 2-bit gradient compression (hidden inside libdshim) under
  * plain names for tests/mxnet/test_twobit_exact.py, which loads it with ctypes.  The test
  * builds it twice: linked with build/lib/libdshim_core.a (the objects dshim ships), and
- * with -DTWOBIT_CODEC_ONLY from shim/ps_twobit.c at -O3 -march=native (wider vectors must
+ * with -DTWOBIT_CODEC_ONLY from shim/ps/ps_twobit.c at -O3 -march=native (wider vectors must
  * give the same bits). */
 #include <stddef.h>
 #include <stdint.h>

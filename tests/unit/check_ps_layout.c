@@ -1,6 +1,6 @@
 /*
  * Key placement and shard sizes of dshim's parameter server (dshim_ps_layout in
- * shim/ps_common.c) against MXNet 1.9.1's KVStoreDist::EncodeDefaultKey and
+ * shim/ps/ps_common.c) against MXNet 1.9.1's KVStoreDist::EncodeDefaultKey and
  * EncodeCompressedKey (src/kvstore/kvstore_dist.h), for hand-computed cases:
  * a key below the bound lives on server (key * 9973) % S; above it, part i has
  * round(n/S*(i+1)) - round(n/S*i) elements (round half away from zero); the

@@ -1,6 +1,6 @@
 /*
  * Unit tests of MXNet's 2-bit gradient compression codec (shim/ps_twobit.{h,c}) and its
- * parameters (shim/ps_twobit_params.c).
+ * parameters (shim/ps/ps_twobit_params.c).
  *
  * Hand-computed cases pin the bit layout, the thresholds' edges, tails, residual
  * carry-over and NaN/inf; random data is compared with a byte-wise reference written

@@ -225,6 +225,7 @@ static dshim_status_t cpu_scale_div(const dshim_reduce_kernels_t *k, void *buf, 
         .supports = cpu_supports,                                              \
         .reduce = reduce_##I,                                                  \
         .scale_div = scale_div_##I,                                            \
+        .scale_mul = dshim_reduce_cpu_scale_mul,                               \
     };
 
 CPU_BACKEND(scalar)

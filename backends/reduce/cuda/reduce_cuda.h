@@ -2,7 +2,7 @@
  * The seam between the dshim core and libdshim-cuda.so, the CUDA reduction
  * backend.  The backend lives in its own shared library so that libdshim.so
  * loads on hosts without CUDA; the core dlopens it on demand
- * (backends/reduce/cuda_loader.c).  This header needs no CUDA headers: the
+ * (shim/gpu/cuda_loader.c).  This header needs no CUDA headers: the
  * core includes it on every machine.
  *
  * libdshim-cuda.so links no dshim code: the core's symbols are hidden in

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "net.h"
 #include "status.h"
 #include "transport/shm/shm_layout.h"
 
@@ -27,18 +28,6 @@ typedef struct shm_conn {
     unsigned idle_calls;
 } shm_conn_t;
 
-/* The peer's process exit closes its end of the control socket; the kernel
- * then reports POLLRDHUP/POLLHUP (or POLLERR after a reset) on ours. */
-static int control_socket_dead(int fd)
-{
-    if (fd < 0) {
-        return 0;
-    }
-    struct pollfd pfd = {.fd = fd, .events = POLLRDHUP, .revents = 0};
-    int r = poll(&pfd, 1, 0);
-    return r > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
-
 static dshim_status_t peer_gone(shm_conn_t *sc)
 {
     return dshim_error(DSHIM_ERR_PEER, "shm: peer rank %d closed its control socket (process exited or "
@@ -54,7 +43,7 @@ static int idle_peer_dead(shm_conn_t *sc)
     if (sc->idle_calls % SHM_DEATH_CHECK_EVERY != 0) {
         return 0;
     }
-    return control_socket_dead(sc->base.fd);
+    return dshim_net_hung_up(sc->base.fd);
 }
 
 static dshim_status_t shm_send(dshim_conn_t *c, const void *buf, size_t len, size_t *n_p)

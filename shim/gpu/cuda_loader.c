@@ -19,7 +19,7 @@
 
 #include "log.h"
 #include "reduce/cuda/reduce_cuda.h"
-#include "reduce/cuda_loader.h"
+#include "cuda_loader.h"
 #include "status.h"
 
 /*

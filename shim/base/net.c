@@ -300,3 +300,12 @@ dshim_status_t dshim_net_write_full(int fd, const void *buf, size_t len, double 
 {
     return io_full(fd, (void *)buf, len, deadline, 1);
 }
+
+int dshim_net_hung_up(int fd)
+{
+    if (fd < 0) {
+        return 0;
+    }
+    struct pollfd pfd = {.fd = fd, .events = POLLRDHUP, .revents = 0};
+    return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}

@@ -133,7 +133,7 @@ dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char
  * prefix + suffix (which the members must agree on) and sharing its store. */
 dshim_status_t dshim_comm_create_child(dshim_comm_t *comm, const char *suffix, int rank, int size,
                                        dshim_comm_t **child_p);
-/* Builds comm->local / comm->leaders when ranks span hosts (shim/topo.c). */
+/* Builds comm->local / comm->leaders when ranks span hosts (shim/comm/topo.c). */
 dshim_status_t dshim_topo_setup(dshim_comm_t *comm);
 void dshim_topo_destroy(dshim_comm_t *comm);
 /* "rank 3 (host h, pid p)" */

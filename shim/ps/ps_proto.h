@@ -1,4 +1,4 @@
-/* Wire format and node internals of dshim's parameter server (shim/ps.h).
+/* Wire format and node internals of dshim's parameter server (shim/ps/ps.h).
  * Every message is one fixed header plus `len` payload bytes, on TCP. */
 #ifndef DSHIM_PS_PROTO_H
 #define DSHIM_PS_PROTO_H

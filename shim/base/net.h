@@ -27,5 +27,10 @@ void dshim_net_tune(int fd, size_t bufsize);
 void dshim_net_set_cc(int fd, int local);
 int dshim_net_set_nonblocking(int fd, int on);
 double dshim_now(void);  /* monotonic seconds */
+/* 1 when the other end of socket fd has hung up (it closed, its process
+ * exited or the connection was reset), without reading or waiting: the one
+ * test of a peer's death that the core, the transports and the parameter
+ * server share.  0 for fd < 0. */
+int dshim_net_hung_up(int fd);
 
 #endif
