@@ -3,7 +3,8 @@
 
 Every quoted #include of a file under a module folder must name a header of the
 same module, or a public header of a module that the file's module may use;
-the graph of modules that include each other must have no cycle.  Prints one
+the graph of modules that include each other must have no cycle, and no header
+may include itself through others.  Prints one
 line per violation naming the file, the line, the header and the rule, and
 exits 1 when there is any (0 otherwise).
 
@@ -67,6 +68,27 @@ def name_in_module(path, m):
     return os.path.relpath(path, m["root"])
 
 
+def find_cycles(graph):
+    """Every cycle a depth-first search meets in graph (node -> set of nodes)."""
+    state, stack, cycles = {}, [], []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for t in sorted(graph.get(n, ())):
+            if state.get(t) == 1:
+                cycles.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    return cycles
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--inject", action="append", default=[], metavar="FILE:HEADER")
@@ -78,6 +100,7 @@ def main():
         injected.setdefault(f, []).append(h)
 
     errors, edges, files = [], {}, 0
+    header_edges = {}   # header -> headers it includes, for cycles between single headers
     for name, m in mods.items():
         for dirpath, _, names in os.walk(os.path.join(ROOT, m["folder"])):
             for n in sorted(names):
@@ -96,6 +119,8 @@ def main():
                     if target is None:
                         errors.append(f"{where}: #include \"{header}\": no such header in any module's include root")
                         continue
+                    if rel.endswith((".h", ".cuh")):
+                        header_edges.setdefault(rel, set()).add(target)
                     tmod = module_of(target, mods)
                     if tmod is None:
                         errors.append(f"{where}: #include \"{header}\": {target} is in no module of cmake/layers.txt")
@@ -111,25 +136,9 @@ def main():
                         errors.append(f"{where}: #include \"{header}\": {target} is private to module {tmod} "
                                       f"(its public headers: {', '.join(sorted(t['public'])) or 'none'})")
 
-    # a cycle between modules, found by depth-first search over the real includes
-    state, stack, cycles = {}, [], []
-
-    def visit(n):
-        state[n] = 1
-        stack.append(n)
-        for t in sorted(edges.get(n, ())):
-            if state.get(t) == 1:
-                cycles.append(stack[stack.index(t):] + [t])
-            elif t not in state:
-                visit(t)
-        stack.pop()
-        state[n] = 2
-
-    for n in sorted(edges):
-        if n not in state:
-            visit(n)
-    for c in cycles:
-        errors.append("include cycle between modules: " + " -> ".join(c))
+    for what, graph in (("modules", edges), ("headers", header_edges)):
+        for c in find_cycles(graph):
+            errors.append(f"include cycle between {what}: " + " -> ".join(c))
 
     for e in errors:
         print(e)
