@@ -13,14 +13,11 @@
  * of the job outlives it.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "child.h"
@@ -28,77 +25,38 @@
 #include "config.h"
 #include "frame.h"
 #include "log.h"
-#include "net.h"
+#include "pump.h"
+#include "signals.h"
 #include "spec.h"
+#include "stop.h"
 
 extern char **environ;
 
 typedef struct {
     run_spec_proc_t *sp;
-    run_child_t ch;
+    pid_t pid;
     bool running;
-    bool out_open, err_open;
-    run_linebuf_t out, err;
+    run_pipes_t pipes;
 } aproc_t;
 
 typedef struct {
-    int idx;
-    char kind;
-} line_ctx_t;
-
-static int sig_pipe[2] = {-1, -1};
-
-static void on_signal(int sig)
-{
-    int saved = errno;
-    unsigned char b = (unsigned char)sig;
-    if (write(sig_pipe[1], &b, 1) < 0) {
-        /* pipe full: a wakeup is already pending */
-    }
-    errno = saved;
-}
-
-static void emit_line(void *vctx, const char *line, size_t len)
-{
-    line_ctx_t *ctx = vctx;
-    run_frame_write(1, ctx->kind, ctx->idx, 0, 0, line, len);
-}
+    run_spec_t spec;
+    aproc_t *procs;
+    int n;
+    bool watch_stdin;  /* the lifeline (--agent): "K" or its end stops everything */
+    run_stop_t stop;
+    int first_bad;     /* exit code of the first process that failed; the agent's own */
+} agent_t;
 
 static void fail_agent(const char *msg)
 {
     run_frame_write(1, 'F', -1, 0, 0, msg, strlen(msg));
 }
 
-/* Reads from a process's pipe; closes it at EOF. */
-static void pump(aproc_t *p, bool err_stream, bool drain)
+static void on_proc_line(void *owner, bool err, const char *line, size_t len)
 {
-    int *fd = err_stream ? &p->ch.err_fd : &p->ch.out_fd;
-    bool *open_ = err_stream ? &p->err_open : &p->out_open;
-    line_ctx_t ctx = {p->sp->index, err_stream ? 'E' : 'O'};
-    char buf[65536];
-    for (;;) {
-        ssize_t r = read(*fd, buf, sizeof(buf));
-        if (r > 0) {
-            run_linebuf_feed(err_stream ? &p->err : &p->out, buf, (size_t)r, emit_line, &ctx);
-            if (!drain) {
-                return;
-            }
-            continue;
-        }
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r < 0 && errno == EAGAIN && !drain) {
-            return;
-        }
-        /* EOF, error, or (when draining after exit) nothing more right now:
-         * a grandchild may hold the pipe open forever, so stop reading it. */
-        run_linebuf_flush(err_stream ? &p->err : &p->out, emit_line, &ctx);
-        close(*fd);
-        *fd = -1;
-        *open_ = false;
-        return;
-    }
+    aproc_t *p = owner;
+    run_frame_write(1, err ? 'E' : 'O', p->sp->index, 0, 0, line, len);
 }
 
 /* Under srun several "nodes" may share a hostname; Slurm's node name is what users know. */
@@ -108,10 +66,10 @@ static const char *agent_host_name(void)
     return (n && n[0]) ? n : dshim_log_hostname();
 }
 
-static int spawn_all(run_spec_t *spec, aproc_t *procs, int n)
+/* The common environment applies to this agent too, so that PATH lookups
+ * of the program see the controller's PATH. */
+static void adopt_common_env(const run_spec_t *spec)
 {
-    /* The common environment applies to this agent too, so that PATH lookups
-     * of the program see the controller's PATH. */
     for (int i = 0; i < spec->env.n; i++) {
         const char *kv = spec->env.v[i];
         const char *eq = strchr(kv, '=');
@@ -121,94 +79,108 @@ static int spawn_all(run_spec_t *spec, aproc_t *procs, int n)
             free(key);
         }
     }
+}
+
+/* Starts one process; 0, or -1 after telling the controller why not. */
+static int spawn_one(const run_spec_t *spec, aproc_t *p)
+{
+    run_strv_t env = {0};
+    for (char **e = environ; *e; e++) {
+        run_strv_add(&env, *e);
+    }
+    for (int k = 0; k < p->sp->env.n; k++) {
+        const char *kv = p->sp->env.v[k];
+        const char *eq = strchr(kv, '=');
+        if (eq) {
+            char *key = strndup(kv, (size_t)(eq - kv));
+            run_strv_setenv(&env, key, "%s", eq + 1);
+            free(key);
+        }
+    }
+    run_errfile_prepare(run_errfile_path(&p->sp->env));
+    run_spawn_t s = {.argv = run_strv_terminated(&p->sp->argv), .envp = run_strv_terminated(&env),
+                     .cwd = spec->cwd, .stdin_pipe = false, .own_pgrp = true, .pdeathsig = SIGKILL};
+    run_child_t ch = {.pid = -1, .in_fd = -1, .out_fd = -1, .err_fd = -1};
+    char err[512];
+    int rc = run_child_spawn(&s, &ch, err, sizeof(err));
+    run_strv_free(&env);
+    if (ch.pid > 0) {
+        /* also when exec failed: the child exits 127 and is reaped like any other */
+        p->pid = ch.pid;
+        p->running = true;
+        run_pipes_attach(&p->pipes, ch.out_fd, ch.err_fd, on_proc_line, p);
+    }
+    if (rc != 0) {
+        char msg[700];
+        snprintf(msg, sizeof(msg), "%s (on host %s)", err, agent_host_name());
+        run_frame_write(1, 'F', p->sp->index, 0, 0, msg, strlen(msg));
+        return -1;
+    }
+    const char *host = agent_host_name();
+    run_frame_write(1, 'S', p->sp->index, p->pid, 0, host, strlen(host));
+    return 0;
+}
+
+/* Returns how many could not be started. */
+static int spawn_all(agent_t *ag)
+{
+    adopt_common_env(&ag->spec);
     int failures = 0;
-    for (int i = 0; i < n; i++) {
-        aproc_t *p = &procs[i];
-        run_strv_t env = {0};
-        for (char **e = environ; *e; e++) {
-            run_strv_add(&env, *e);
-        }
-        for (int k = 0; k < p->sp->env.n; k++) {
-            const char *kv = p->sp->env.v[k];
-            const char *eq = strchr(kv, '=');
-            if (eq) {
-                char *key = strndup(kv, (size_t)(eq - kv));
-                run_strv_setenv(&env, key, "%s", eq + 1);
-                free(key);
-            }
-        }
-        run_errfile_prepare(run_errfile_path(&p->sp->env));
-        run_spawn_t s = {.argv = run_strv_terminated(&p->sp->argv), .envp = run_strv_terminated(&env),
-                         .cwd = spec->cwd, .stdin_pipe = false, .own_pgrp = true, .pdeathsig = SIGKILL};
-        char err[512];
-        int rc = run_child_spawn(&s, &p->ch, err, sizeof(err));
-        run_strv_free(&env);
-        if (p->ch.pid > 0) {
-            p->running = true;
-            p->out_open = p->err_open = true;
-            fcntl(p->ch.out_fd, F_SETFL, O_NONBLOCK);
-            fcntl(p->ch.err_fd, F_SETFL, O_NONBLOCK);
-        }
-        if (rc != 0) {
-            char msg[700];
-            snprintf(msg, sizeof(msg), "%s (on host %s)", err, agent_host_name());
-            run_frame_write(1, 'F', p->sp->index, 0, 0, msg, strlen(msg));
-            failures++;
-            continue;
-        }
-        const char *host = agent_host_name();
-        run_frame_write(1, 'S', p->sp->index, p->ch.pid, 0, host, strlen(host));
+    for (int i = 0; i < ag->n; i++) {
+        failures += spawn_one(&ag->spec, &ag->procs[i]) != 0;
     }
     return failures;
 }
 
-static void signal_all(aproc_t *procs, int n, int sig)
+static void signal_all(agent_t *ag, int sig)
 {
-    for (int i = 0; i < n; i++) {
-        if (procs[i].running) {
-            kill(-procs[i].ch.pid, sig);
+    for (int i = 0; i < ag->n; i++) {
+        if (ag->procs[i].running) {
+            kill(-ag->procs[i].pid, sig);
         }
     }
     run_signal_descendants(getpid(), sig);
 }
 
-static int reap(aproc_t *procs, int n, int *first_bad)
+static void begin_stop(agent_t *ag)
 {
-    int live = 0;
-    for (;;) {
-        int status = 0;
-        pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid <= 0) {
-            break;
-        }
-        for (int i = 0; i < n; i++) {
-            aproc_t *p = &procs[i];
-            if (!p->running || p->ch.pid != pid) {
-                continue;
-            }
-            p->running = false;
-            if (p->out_open) {
-                pump(p, false, true);
-            }
-            if (p->err_open) {
-                pump(p, true, true);
-            }
-            long code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-            long sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-            char *why = run_errfile_take(run_errfile_path(&p->sp->env));
-            if (why && (code != 0 || sig != 0)) {
-                run_frame_write(1, 'R', p->sp->index, 0, 0, why, strlen(why));
-            }
-            free(why);
-            run_frame_write(1, 'X', p->sp->index, code, sig, NULL, 0);
-            if ((code != 0 || sig != 0) && *first_bad == 0) {
-                *first_bad = sig ? 128 + (int)sig : (int)code;
-            }
-        }
-        /* other pids: orphans this subreaper inherited; reaped, nothing to say */
+    if (run_stop_begin(&ag->stop, ag->spec.grace_s)) {
+        signal_all(ag, SIGTERM);
     }
-    for (int i = 0; i < n; i++) {
-        live += procs[i].running;
+}
+
+/* One process ended: its last output, why (torch's error file), then its "X". */
+static void on_exit_status(void *ctx, pid_t pid, int status)
+{
+    agent_t *ag = ctx;
+    for (int i = 0; i < ag->n; i++) {
+        aproc_t *p = &ag->procs[i];
+        if (!p->running || p->pid != pid) {
+            continue;
+        }
+        p->running = false;
+        run_pipes_drain(&p->pipes);
+        run_exit_t e = run_exit_of(status);
+        char *why = run_errfile_take(run_errfile_path(&p->sp->env));
+        if (why && run_exit_code(e) != 0) {
+            run_frame_write(1, 'R', p->sp->index, 0, 0, why, strlen(why));
+        }
+        free(why);
+        run_frame_write(1, 'X', p->sp->index, e.code, e.sig, NULL, 0);
+        if (run_exit_code(e) != 0 && ag->first_bad == 0) {
+            ag->first_bad = run_exit_code(e);
+        }
+    }
+    /* other pids: orphans this subreaper inherited; reaped, nothing to say */
+}
+
+/* Reaps what ended; returns how many processes still run. */
+static int reap(agent_t *ag)
+{
+    run_reap_each(on_exit_status, ag);
+    int live = 0;
+    for (int i = 0; i < ag->n; i++) {
+        live += ag->procs[i].running;
     }
     return live;
 }
@@ -276,24 +248,11 @@ static int pick_rank_proc(run_spec_t *spec)
     return (int)rank;
 }
 
-int run_agent_main(bool rank_mode)
+/* The job description: from stdin (the lifeline, whose first bytes after it
+ * may already say "K") or DSHIM_RUN_SPEC.  0, 1 (controller gone before it
+ * said anything) or RUN_EXIT_USAGE (told the controller why). */
+static int receive_spec(agent_t *ag, bool rank_mode, bool *told_to_stop)
 {
-    signal(SIGPIPE, SIG_IGN);
-    if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-        return 1;
-    }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGCHLD, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    prctl(PR_SET_CHILD_SUBREAPER, 1);
-    if (rank_mode) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);  /* orted / slurmstepd gone: stop */
-    }
-
     char leftover[64];
     size_t leftover_len = 0;
     char *text = NULL;
@@ -302,139 +261,112 @@ int run_agent_main(bool rank_mode)
     } else {
         text = read_spec_line(leftover, &leftover_len);
         if (text == NULL) {
-            return 1;  /* controller gone before it said anything */
+            return 1;
         }
     }
+    *told_to_stop = leftover_len && memchr(leftover, 'K', leftover_len);
     char hostbuf[256];
     snprintf(hostbuf, sizeof(hostbuf), "%s", dshim_log_hostname());
     run_frame_write(1, 'H', 0, getpid(), 0, hostbuf, strlen(hostbuf));
-    run_spec_t spec;
     char err[256];
-    if (run_spec_decode(text, &spec, err, sizeof(err)) != 0) {
+    int rc = run_spec_decode(text, &ag->spec, err, sizeof(err));
+    free(text);
+    if (rc != 0) {
         fail_agent(err);
-        free(text);
         return RUN_EXIT_USAGE;
     }
-    free(text);
-    int first = 0, n = spec.nprocs;
+    int first = 0;
+    ag->n = ag->spec.nprocs;
     if (rank_mode) {
-        first = pick_rank_proc(&spec);
+        first = pick_rank_proc(&ag->spec);
         if (first < 0) {
-            run_spec_free(&spec);
+            run_spec_free(&ag->spec);
             return RUN_EXIT_USAGE;
         }
-        n = 1;
+        ag->n = 1;
     }
-    aproc_t *procs = run_xmalloc((size_t)n * sizeof(*procs));
-    for (int i = 0; i < n; i++) {
-        procs[i].sp = &spec.procs[first + i];
-        procs[i].ch.out_fd = procs[i].ch.err_fd = -1;
+    ag->procs = run_xmalloc((size_t)ag->n * sizeof(*ag->procs));
+    for (int i = 0; i < ag->n; i++) {
+        ag->procs[i].sp = &ag->spec.procs[first + i];
+        run_pipes_init(&ag->procs[i].pipes);
     }
-    int first_bad = spawn_all(&spec, procs, n) ? 127 : 0;
+    return 0;
+}
 
-    bool watch_stdin = !rank_mode;
-    bool stopping = false;
-    double kill_at = 0;
-    if (leftover_len && memchr(leftover, 'K', leftover_len)) {
-        stopping = true;
+/* The controller's lifeline became readable: "K", or the controller / ssh connection is gone. */
+static void read_lifeline(agent_t *ag)
+{
+    char b[64];
+    ssize_t got = read(0, b, sizeof(b));
+    if (got <= 0 || memchr(b, 'K', (size_t)got)) {
+        ag->watch_stdin = false;
+        begin_stop(ag);
     }
-    if (stopping || first_bad) {
-        stopping = true;
-        signal_all(procs, n, SIGTERM);
-        kill_at = dshim_now() + spec.grace_s;
-    }
-    int live = reap(procs, n, &first_bad);
-    bool killed = false;
+}
+
+/* Relays output and exits until every process and everything they forked is gone. */
+static void supervise(agent_t *ag)
+{
+    run_pollset_t ps = {0};
+    int live = reap(ag);
     while (live > 0 || run_signal_descendants(getpid(), 0) > 0) {
-        if (live == 0 && !stopping) {
-            /* Every process ended; what remains are things they forked. */
-            stopping = true;
-            signal_all(procs, n, SIGTERM);
-            kill_at = dshim_now() + spec.grace_s;
+        if (live == 0) {
+            begin_stop(ag);  /* every process ended; what remains are things they forked */
         }
-        struct pollfd pfd[2 + 2 * 64];
-        aproc_t *owner[2 + 2 * 64];
-        bool is_err[2 + 2 * 64];
-        int np = 0;
-        pfd[np++] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
-        if (watch_stdin) {
-            pfd[np++] = (struct pollfd){.fd = 0, .events = POLLIN};
+        run_pollset_clear(&ps);
+        int sig_entry = run_pollset_add_fd(&ps, run_signals_fd());
+        int stdin_entry = ag->watch_stdin ? run_pollset_add_fd(&ps, 0) : -1;
+        for (int i = 0; i < ag->n; i++) {
+            run_pollset_add_pipes(&ps, &ag->procs[i].pipes);
         }
-        int base = np;
-        for (int i = 0; i < n && np + 2 <= (int)(sizeof(pfd) / sizeof(pfd[0])); i++) {
-            if (procs[i].out_open) {
-                owner[np] = &procs[i];
-                is_err[np] = false;
-                pfd[np++] = (struct pollfd){.fd = procs[i].ch.out_fd, .events = POLLIN};
-            }
-            if (procs[i].err_open) {
-                owner[np] = &procs[i];
-                is_err[np] = true;
-                pfd[np++] = (struct pollfd){.fd = procs[i].ch.err_fd, .events = POLLIN};
-            }
-        }
-        int timeout = 500;
-        if (stopping) {
-            double left = kill_at - dshim_now();
-            timeout = left <= 0 ? 0 : (int)(left * 1000) + 1;
-            if (timeout > 200) {
-                timeout = 200;  /* descendants are found by polling /proc */
-            }
-        }
-        int r = poll(pfd, (nfds_t)np, timeout);
-        if (r < 0 && errno != EINTR) {
+        /* while stopping, descendants are found by polling /proc */
+        if (run_pollset_wait(&ps, run_stop_wait_ms(&ag->stop, 500, 200)) < 0) {
             break;
         }
-        if (r > 0) {
-            if (pfd[0].revents) {
-                unsigned char b[64];
-                ssize_t got = read(sig_pipe[0], b, sizeof(b));
-                for (ssize_t k = 0; k < got; k++) {
-                    if (b[k] != SIGCHLD && !stopping) {
-                        stopping = true;
-                        signal_all(procs, n, SIGTERM);
-                        kill_at = dshim_now() + spec.grace_s;
-                    }
-                }
-            }
-            if (watch_stdin && pfd[1].revents) {
-                char b[64];
-                ssize_t got = read(0, b, sizeof(b));
-                if (got <= 0 || memchr(b, 'K', (size_t)got)) {
-                    /* "K", or the controller / ssh connection is gone */
-                    watch_stdin = false;
-                    if (!stopping) {
-                        stopping = true;
-                        signal_all(procs, n, SIGTERM);
-                        kill_at = dshim_now() + spec.grace_s;
-                    }
-                }
-            }
-            for (int k = base; k < np; k++) {
-                if (pfd[k].revents) {
-                    pump(owner[k], is_err[k], false);
-                }
-            }
+        int sigs[64];
+        if (run_pollset_ready(&ps, sig_entry) && run_signals_take(sigs, 64) > 0) {
+            begin_stop(ag);
         }
-        live = reap(procs, n, &first_bad);
-        if (stopping && !killed && dshim_now() >= kill_at) {
-            killed = true;
-            signal_all(procs, n, SIGKILL);
+        if (run_pollset_ready(&ps, stdin_entry)) {
+            read_lifeline(ag);
         }
-        if (killed && live == 0) {
-            /* SIGKILL'ed descendants vanish once reaped; give them a moment */
-            for (int k = 0; k < 50 && run_signal_descendants(getpid(), SIGKILL) > 0; k++) {
-                usleep(20000);
-                reap(procs, n, &first_bad);
-            }
+        run_pollset_read_pipes(&ps);
+        live = reap(ag);
+        if (run_stop_kill_due(&ag->stop)) {
+            signal_all(ag, SIGKILL);
+        }
+        if (ag->stop.killed && live == 0) {
+            run_sweep_descendants();
             break;
         }
     }
-    for (int i = 0; i < n; i++) {
-        run_linebuf_free(&procs[i].out);
-        run_linebuf_free(&procs[i].err);
+    run_pollset_free(&ps);
+}
+
+int run_agent_main(bool rank_mode)
+{
+    if (run_signals_catch() != 0) {
+        return 1;
     }
-    free(procs);
-    run_spec_free(&spec);
-    return first_bad;
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    if (rank_mode) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);  /* orted / slurmstepd gone: stop */
+    }
+    agent_t ag = {.watch_stdin = !rank_mode};
+    bool told_to_stop = false;
+    int rc = receive_spec(&ag, rank_mode, &told_to_stop);
+    if (rc != 0) {
+        return rc;
+    }
+    ag.first_bad = spawn_all(&ag) ? 127 : 0;
+    if (told_to_stop || ag.first_bad) {
+        begin_stop(&ag);
+    }
+    supervise(&ag);
+    for (int i = 0; i < ag.n; i++) {
+        run_pipes_free(&ag.procs[i].pipes);
+    }
+    free(ag.procs);
+    run_spec_free(&ag.spec);
+    return ag.first_bad;
 }

@@ -1,4 +1,4 @@
-/* Process spawning for controller and agents (child.h). */
+/* Process spawning, reaping and descendants for controller and agents (child.h). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "child.h"
@@ -102,6 +103,38 @@ int run_child_spawn(const run_spawn_t *s, run_child_t *c, char *err, size_t errl
         return -1;  /* the child exits 127; the caller reaps it */
     }
     return 0;
+}
+
+run_exit_t run_exit_of(int status)
+{
+    return (run_exit_t){.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                        .sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0};
+}
+
+int run_exit_code(run_exit_t e)
+{
+    return e.sig ? 128 + (int)e.sig : (int)e.code;
+}
+
+void run_reap_each(void (*on_exit)(void *ctx, pid_t pid, int status), void *ctx)
+{
+    for (;;) {
+        int status = 0;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) {
+            return;
+        }
+        on_exit(ctx, pid, status);
+    }
+}
+
+void run_sweep_descendants(void)
+{
+    for (int i = 0; i < 50 && run_signal_descendants(getpid(), SIGKILL) > 0; i++) {
+        usleep(20000);
+        while (waitpid(-1, NULL, WNOHANG) > 0) {
+        }
+    }
 }
 
 typedef struct {

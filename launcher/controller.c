@@ -6,8 +6,6 @@
  * main's business.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,7 +13,6 @@
 #include <string.h>
 #include <ftw.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "child.h"
@@ -24,21 +21,26 @@
 #include "log.h"
 #include "net.h"
 #include "output.h"
+#include "pump.h"
+#include "signals.h"
 #include "spec.h"
+#include "stop.h"
 #include "store.h"
 
 extern char **environ;
 
+typedef struct ctl ctl_t;
+
 typedef struct {
+    ctl_t *c;
     const run_group_t *g;
-    run_child_t ch;
+    run_child_t ch;   /* its pid, and in_fd: the lifeline (local, ssh) */
+    run_pipes_t pipes;
     char desc[200];   /* "ssh to node2", "mpirun", "agent on this host" */
     char host[128];   /* host named in messages */
     bool reaped;
     int status;
     bool hello;
-    bool out_open, err_open;
-    run_linebuf_t out, err;
     char last_err[400];
 } agent_t;
 
@@ -50,16 +52,14 @@ typedef struct {
     char *reason;  /* the exception torch recorded, if any */
 } pstate_t;
 
-typedef struct {
+struct ctl {
     const run_opts_t *o;
     run_plan_t *plan;
     agent_t *agents;
     int nagents;
     pstate_t *ps;
     run_output_t *out;
-    bool stopping;
-    double kill_at;
-    bool killed;
+    run_stop_t stop;
     bool have_reason;
     int exit_code;
     bool failed;
@@ -68,25 +68,7 @@ typedef struct {
     dshim_store_t *peers;     /* per-node mode: the store shared with the other nodes' dshim-run */
     double peers_next;
     bool peers_told;
-} ctl_t;
-
-typedef struct {
-    ctl_t *c;
-    agent_t *a;
-    bool err;
-} agent_line_ctx_t;
-
-static int sig_pipe[2] = {-1, -1};
-
-static void on_signal(int sig)
-{
-    int saved = errno;
-    unsigned char b = (unsigned char)sig;
-    if (write(sig_pipe[1], &b, 1) < 0) {
-        /* full: a wakeup is pending anyway */
-    }
-    errno = saved;
-}
+};
 
 static const char *signame(long sig)
 {
@@ -109,13 +91,11 @@ static int live_procs(const ctl_t *c)
  * is left alone until the kill deadline. */
 static void begin_stop(ctl_t *c, const agent_t *origin)
 {
-    if (c->stopping) {
-        return;
-    }
-    c->stopping = true;
     /* agents get the grace period for SIGTERM -> SIGKILL, we add a margin
      * before killing the agents (and so, through their lifelines, everything) */
-    c->kill_at = dshim_now() + c->plan->grace_s + 2.0;
+    if (!run_stop_begin(&c->stop, c->plan->grace_s + 2.0)) {
+        return;
+    }
     for (int i = 0; i < c->nagents; i++) {
         agent_t *a = &c->agents[i];
         if (a->reaped) {
@@ -138,7 +118,7 @@ static void fail(ctl_t *c, const agent_t *origin, int code, const char *fmt, ...
     __attribute__((format(printf, 4, 5)));
 static void fail(ctl_t *c, const agent_t *origin, int code, const char *fmt, ...)
 {
-    if (c->have_reason || c->stopping) {
+    if (c->have_reason || c->stop.stopping) {
         return;
     }
     char msg[1024];
@@ -160,25 +140,56 @@ static bool idx_ok(const agent_t *a, int idx)
     return idx >= a->g->first && idx < a->g->first + a->g->count;
 }
 
-static void on_agent_line(void *vctx, const char *line, size_t len)
+/* A line that is not a frame of this agent: ssh, mpirun or srun speaking (or an agent's own diagnostics). */
+static void on_foreign_line(ctl_t *c, agent_t *a, bool err, const char *line, size_t len)
 {
-    agent_line_ctx_t *ctx = vctx;
-    ctl_t *c = ctx->c;
-    agent_t *a = ctx->a;
+    if (err) {
+        snprintf(a->last_err, sizeof(a->last_err), "%.*s", (int)len, line);
+    }
+    if (c->stop.stopping && a->ch.in_fd < 0 && a->g->kind >= RUN_AGENT_MPI) {
+        return;  /* mpirun's / srun's account of the abort we already reported */
+    }
+    if (err && !a->hello && a->g->kind == RUN_AGENT_SSH) {
+        return;  /* ssh's complaint; the "cannot reach host" line quotes it */
+    }
+    fprintf(err ? stderr : stdout, "[%s] %.*s\n", a->desc, (int)len, line);
+    fflush(err ? stderr : stdout);
+}
+
+/* "X": a failed process fails the job, with torch's account of why when there is one. */
+static void on_proc_exit(ctl_t *c, agent_t *a, const run_frame_t *f)
+{
+    pstate_t *p = &c->ps[f->idx];
+    p->ended = true;
+    p->started = true;
+    p->code = f->a;
+    p->sig = f->b;
+    run_exit_t e = {.code = f->a, .sig = f->b};
+    if (run_exit_code(e) == 0) {
+        return;
+    }
+    if (!c->stop.stopping) {
+        run_output_show_tail(c->out, f->idx);  /* the failure, not the ones we stop */
+    }
+    const char *name = c->plan->procs[f->idx].name;
+    const char *sep = p->reason ? ": " : "";
+    const char *why = p->reason ? p->reason : "";
+    if (e.sig != 0) {
+        fail(c, a, run_exit_code(e), "%s on host %s (pid %ld) was killed by signal %ld (SIG%s)%s%s", name, p->host,
+             p->pid, e.sig, signame(e.sig), sep, why);
+    } else {
+        fail(c, a, run_exit_code(e), "%s on host %s (pid %ld) exited with code %ld%s%s", name, p->host, p->pid,
+             e.code, sep, why);
+    }
+}
+
+static void on_agent_line(void *owner, bool err, const char *line, size_t len)
+{
+    agent_t *a = owner;
+    ctl_t *c = a->c;
     run_frame_t f;
-    if (ctx->err || run_frame_parse(line, len, &f) != 0 || (f.kind != 'H' && f.idx != -1 && !idx_ok(a, f.idx))) {
-        /* ssh, mpirun or srun speaking (or an agent's own diagnostics) */
-        if (ctx->err) {
-            snprintf(a->last_err, sizeof(a->last_err), "%.*s", (int)len, line);
-        }
-        if (c->stopping && a->ch.in_fd < 0 && a->g->kind >= RUN_AGENT_MPI) {
-            return;  /* mpirun's / srun's account of the abort we already reported */
-        }
-        if (ctx->err && !a->hello && a->g->kind == RUN_AGENT_SSH) {
-            return;  /* ssh's complaint; the "cannot reach host" line quotes it */
-        }
-        fprintf(ctx->err ? stderr : stdout, "[%s] %.*s\n", a->desc, (int)len, line);
-        fflush(ctx->err ? stderr : stdout);
+    if (err || run_frame_parse(line, len, &f) != 0 || (f.kind != 'H' && f.idx != -1 && !idx_ok(a, f.idx))) {
+        on_foreign_line(c, a, err, line, len);
         return;
     }
     pstate_t *p = f.idx >= 0 ? &c->ps[f.idx] : NULL;
@@ -209,71 +220,18 @@ static void on_agent_line(void *vctx, const char *line, size_t len)
         }
         fail(c, a, RUN_EXIT_USAGE, "%s: %.*s", p ? c->plan->procs[f.idx].name : a->desc, (int)f.textlen, f.text);
         break;
-    case 'X': {
-        p->ended = true;
-        p->started = true;
-        p->code = f.a;
-        p->sig = f.b;
-        const char *name = c->plan->procs[f.idx].name;
-        if (f.b != 0 || f.a != 0) {
-            if (!c->stopping) {
-                run_output_show_tail(c->out, f.idx);  /* the failure, not the ones we stop */
-            }
-            const char *sep = p->reason ? ": " : "";
-            const char *why = p->reason ? p->reason : "";
-            if (f.b != 0) {
-                fail(c, a, 128 + (int)f.b, "%s on host %s (pid %ld) was killed by signal %ld (SIG%s)%s%s", name,
-                     p->host, p->pid, f.b, signame(f.b), sep, why);
-            } else {
-                fail(c, a, (int)f.a, "%s on host %s (pid %ld) exited with code %ld%s%s", name, p->host, p->pid, f.a,
-                     sep, why);
-            }
-        }
+    case 'X':
+        on_proc_exit(c, a, &f);
         break;
-    }
     default:
         break;
     }
 }
 
-static void pump_agent(ctl_t *c, agent_t *a, bool err, bool drain)
-{
-    int *fd = err ? &a->ch.err_fd : &a->ch.out_fd;
-    bool *open_ = err ? &a->err_open : &a->out_open;
-    agent_line_ctx_t ctx = {c, a, err};
-    char buf[65536];
-    for (;;) {
-        ssize_t r = read(*fd, buf, sizeof(buf));
-        if (r > 0) {
-            run_linebuf_feed(err ? &a->err : &a->out, buf, (size_t)r, on_agent_line, &ctx);
-            if (drain) {
-                continue;
-            }
-            return;
-        }
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r < 0 && errno == EAGAIN && !drain) {
-            return;
-        }
-        run_linebuf_flush(err ? &a->err : &a->out, on_agent_line, &ctx);
-        close(*fd);
-        *fd = -1;
-        *open_ = false;
-        return;
-    }
-}
-
 static void agent_gone(ctl_t *c, agent_t *a)
 {
-    if (a->out_open) {
-        pump_agent(c, a, false, true);
-    }
-    if (a->err_open) {
-        pump_agent(c, a, true, true);
-    }
-    int code = WIFEXITED(a->status) ? WEXITSTATUS(a->status) : 128 + WTERMSIG(a->status);
+    run_pipes_drain(&a->pipes);
+    int code = run_exit_code(run_exit_of(a->status));
     int unfinished = 0;
     for (int i = a->g->first; i < a->g->first + a->g->count; i++) {
         if (!c->ps[i].ended) {
@@ -281,7 +239,7 @@ static void agent_gone(ctl_t *c, agent_t *a)
             c->ps[i].ended = true;
         }
     }
-    if (c->stopping) {
+    if (c->stop.stopping) {
         return;
     }
     const char *why = a->last_err[0] ? a->last_err : "no message";
@@ -299,25 +257,19 @@ static void agent_gone(ctl_t *c, agent_t *a)
     }
 }
 
-static void reap_agents(ctl_t *c)
+static void on_exit_status(void *ctx, pid_t pid, int status)
 {
-    for (;;) {
-        int status = 0;
-        pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid <= 0) {
-            return;
-        }
-        for (int i = 0; i < c->nagents; i++) {
-            agent_t *a = &c->agents[i];
-            if (!a->reaped && a->ch.pid == pid) {
-                a->reaped = true;
-                a->status = status;
-                if (a->ch.in_fd >= 0) {
-                    close(a->ch.in_fd);
-                    a->ch.in_fd = -1;
-                }
-                agent_gone(c, a);
+    ctl_t *c = ctx;
+    for (int i = 0; i < c->nagents; i++) {
+        agent_t *a = &c->agents[i];
+        if (!a->reaped && a->ch.pid == pid) {
+            a->reaped = true;
+            a->status = status;
+            if (a->ch.in_fd >= 0) {
+                close(a->ch.in_fd);
+                a->ch.in_fd = -1;
             }
+            agent_gone(c, a);
         }
     }
 }
@@ -450,9 +402,8 @@ static int start_agent(ctl_t *c, agent_t *a)
     run_strv_free(&argv);
     run_strv_free(&env);
     if (a->ch.pid > 0) {
-        a->out_open = a->err_open = true;
-        fcntl(a->ch.out_fd, F_SETFL, O_NONBLOCK);
-        fcntl(a->ch.err_fd, F_SETFL, O_NONBLOCK);
+        run_pipes_attach(&a->pipes, a->ch.out_fd, a->ch.err_fd, on_agent_line, a);
+        a->ch.out_fd = a->ch.err_fd = -1;  /* the pipes' now */
     } else {
         a->reaped = true;
     }
@@ -494,7 +445,7 @@ static void poll_peer_launchers(ctl_t *c)
         c->peers_told = true;
         return;
     }
-    if (c->stopping) {
+    if (c->stop.stopping) {
         return;
     }
     void *val = NULL;
@@ -514,83 +465,76 @@ static void poll_peer_launchers(ctl_t *c)
     }
 }
 
-static int run_loop(ctl_t *c)
+/* SIGINT, SIGTERM, SIGHUP: stop the job; the same again while stopping: kill it now. */
+static void on_signals(ctl_t *c)
 {
-    for (;;) {
-        reap_agents(c);
-        poll_peer_launchers(c);
-        int open_fds = 0;
-        bool all_reaped = true;
-        for (int i = 0; i < c->nagents; i++) {
-            all_reaped &= c->agents[i].reaped;
-            open_fds += c->agents[i].out_open + c->agents[i].err_open;
+    int sigs[64];
+    int n = run_signals_take(sigs, 64);
+    for (int k = 0; k < n; k++) {
+        if (!c->stop.stopping) {
+            c->have_reason = true;
+            c->exit_code = 128 + sigs[k];
+            c->failed = false;
+            int live = live_procs(c);
+            run_say("received SIG%s; stopping the job (%d process%s running)", signame(sigs[k]), live,
+                    live == 1 ? "" : "es");
+            begin_stop(c, NULL);
+        } else if (!c->stop.killed) {
+            run_say("received SIG%s again; killing the job now", signame(sigs[k]));
+            run_stop_hurry(&c->stop);
         }
-        if (all_reaped) {
-            break;
-        }
-        if (c->stopping && !c->killed && dshim_now() >= c->kill_at) {
-            c->killed = true;
-            for (int i = 0; i < c->nagents; i++) {
-                if (!c->agents[i].reaped) {
-                    kill(-c->agents[i].ch.pid, SIGKILL);
-                }
-            }
-        }
-        struct pollfd pfd[1 + 2 * 4096];
-        agent_t *owner[1 + 2 * 4096];
-        bool is_err[1 + 2 * 4096];
-        int np = 0;
-        pfd[np++] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
-        for (int i = 0; i < c->nagents && np + 2 < (int)(sizeof(pfd) / sizeof(pfd[0])); i++) {
-            agent_t *a = &c->agents[i];
-            if (a->out_open) {
-                owner[np] = a;
-                is_err[np] = false;
-                pfd[np++] = (struct pollfd){.fd = a->ch.out_fd, .events = POLLIN};
-            }
-            if (a->err_open) {
-                owner[np] = a;
-                is_err[np] = true;
-                pfd[np++] = (struct pollfd){.fd = a->ch.err_fd, .events = POLLIN};
-            }
-        }
-        int timeout = (c->stopping || c->plan->per_node) ? 100 : 1000;
-        int r = poll(pfd, (nfds_t)np, timeout);
-        if (r < 0 && errno != EINTR) {
-            break;
-        }
-        if (r <= 0) {
-            continue;
-        }
-        if (pfd[0].revents) {
-            unsigned char b[64];
-            ssize_t got = read(sig_pipe[0], b, sizeof(b));
-            for (ssize_t k = 0; k < got; k++) {
-                if (b[k] == SIGCHLD) {
-                    continue;
-                }
-                if (!c->stopping) {
-                    c->have_reason = true;
-                    c->exit_code = 128 + b[k];
-                    c->failed = false;
-                    int live = live_procs(c);
-                    run_say("received SIG%s; stopping the job (%d process%s running)", signame(b[k]), live,
-                            live == 1 ? "" : "es");
-                    begin_stop(c, NULL);
-                } else if (!c->killed) {
-                    run_say("received SIG%s again; killing the job now", signame(b[k]));
-                    c->kill_at = 0;
-                }
-            }
-        }
-        for (int k = 1; k < np; k++) {
-            if (pfd[k].revents) {
-                pump_agent(c, owner[k], is_err[k], false);
-            }
-        }
-        (void)open_fds;
     }
-    return 0;
+}
+
+static bool all_agents_reaped(const ctl_t *c)
+{
+    for (int i = 0; i < c->nagents; i++) {
+        if (!c->agents[i].reaped) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The agents' process groups; what the agents leave behind dies with their lifelines. */
+static void kill_agents(ctl_t *c)
+{
+    for (int i = 0; i < c->nagents; i++) {
+        if (!c->agents[i].reaped) {
+            kill(-c->agents[i].ch.pid, SIGKILL);
+        }
+    }
+}
+
+/* Relays the agents' frames until every agent has ended. */
+static void run_loop(ctl_t *c)
+{
+    run_pollset_t ps = {0};
+    for (;;) {
+        run_reap_each(on_exit_status, c);
+        poll_peer_launchers(c);
+        if (all_agents_reaped(c)) {
+            break;
+        }
+        if (run_stop_kill_due(&c->stop)) {
+            kill_agents(c);
+        }
+        run_pollset_clear(&ps);
+        int sig_entry = run_pollset_add_fd(&ps, run_signals_fd());
+        for (int i = 0; i < c->nagents; i++) {
+            run_pollset_add_pipes(&ps, &c->agents[i].pipes);
+        }
+        /* per-node mode also looks at the other nodes' launchers (poll_peer_launchers) */
+        int idle_ms = c->plan->per_node ? 100 : 1000;
+        if (run_pollset_wait(&ps, run_stop_wait_ms(&c->stop, idle_ms, 100)) < 0) {
+            break;
+        }
+        if (run_pollset_ready(&ps, sig_entry)) {
+            on_signals(c);
+        }
+        run_pollset_read_pipes(&ps);
+    }
+    run_pollset_free(&ps);
 }
 
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -607,14 +551,37 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
  * torch error directories of this attempt go with it. */
 static void sweep_local_leftovers(void)
 {
-    for (int i = 0; i < 50 && run_signal_descendants(getpid(), SIGKILL) > 0; i++) {
-        usleep(20000);
-        while (waitpid(-1, NULL, WNOHANG) > 0) {
-        }
-    }
+    run_sweep_descendants();
     char dir[64];
     snprintf(dir, sizeof(dir), "/tmp/dshim-run-%d", (int)getpid());
     nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Every process ended well; an agent that failed on its own is still a failure. */
+static void judge_agents(ctl_t *c)
+{
+    for (int i = 0; i < c->nagents && !c->have_reason; i++) {
+        agent_t *a = &c->agents[i];
+        int code = run_exit_code(run_exit_of(a->status));
+        if (code != 0) {
+            c->have_reason = true;
+            c->exit_code = code;
+            c->failed = true;
+            run_say("%s exited with code %d (%s)", a->desc, code, a->last_err[0] ? a->last_err : "no message");
+        }
+    }
+}
+
+static void ctl_free(ctl_t *c)
+{
+    for (int i = 0; i < c->nagents; i++) {
+        run_pipes_free(&c->agents[i].pipes);
+    }
+    free(c->agents);
+    for (int i = 0; i < c->plan->nprocs; i++) {
+        free(c->ps[i].reason);
+    }
+    free(c->ps);
 }
 
 int run_controller(const run_opts_t *o, run_plan_t *plan, bool *failed)
@@ -627,17 +594,9 @@ int run_controller(const run_opts_t *o, run_plan_t *plan, bool *failed)
     for (int i = 0; i < plan->nprocs; i++) {
         snprintf(c.ps[i].host, sizeof(c.ps[i].host), "?");
     }
-    if (sig_pipe[0] < 0 && pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    if (run_signals_catch() != 0) {
         run_usage_error("pipe: %s", strerror(errno));
     }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGCHLD, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     dshim_store_server_t *store = NULL;
     if (plan->host_store) {
@@ -648,10 +607,12 @@ int run_controller(const run_opts_t *o, run_plan_t *plan, bool *failed)
     }
     c.out = run_output_open(o, plan, plan->attempt);
     for (int i = 0; i < c.nagents; i++) {
+        c.agents[i].c = &c;
         c.agents[i].g = &plan->groups[i];
         c.agents[i].ch.in_fd = c.agents[i].ch.out_fd = c.agents[i].ch.err_fd = -1;
+        run_pipes_init(&c.agents[i].pipes);
     }
-    for (int i = 0; i < c.nagents && !c.stopping; i++) {
+    for (int i = 0; i < c.nagents && !c.stop.stopping; i++) {
         start_agent(&c, &c.agents[i]);
     }
     run_loop(&c);
@@ -673,29 +634,11 @@ int run_controller(const run_opts_t *o, run_plan_t *plan, bool *failed)
         free(c.mpi_hostfile);
     }
     if (!c.have_reason) {
-        /* every process ended well; an agent that failed on its own is still a failure */
-        for (int i = 0; i < c.nagents; i++) {
-            agent_t *a = &c.agents[i];
-            int code = WIFEXITED(a->status) ? WEXITSTATUS(a->status) : 128 + WTERMSIG(a->status);
-            if (code != 0 && !c.have_reason) {
-                c.have_reason = true;
-                c.exit_code = code;
-                c.failed = true;
-                run_say("%s exited with code %d (%s)", a->desc, code, a->last_err[0] ? a->last_err : "no message");
-            }
-        }
+        judge_agents(&c);
     } else if (c.failed) {
         run_say("job failed with exit code %d", c.exit_code);
     }
-    for (int i = 0; i < c.nagents; i++) {
-        run_linebuf_free(&c.agents[i].out);
-        run_linebuf_free(&c.agents[i].err);
-    }
-    free(c.agents);
-    for (int i = 0; i < plan->nprocs; i++) {
-        free(c.ps[i].reason);
-    }
-    free(c.ps);
+    ctl_free(&c);
     *failed = c.failed;
     return c.exit_code;
 }

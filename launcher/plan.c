@@ -516,7 +516,8 @@ static char *find_libdshim(const char *exe)
     return real;
 }
 
-void run_build_plan(run_opts_t *o, run_plan_t *plan, int attempt)
+/* What every plan has: attempt, grace period, where processes start, dshim-run's and libdshim.so's paths. */
+static void plan_basics(const run_opts_t *o, run_plan_t *plan, int attempt)
 {
     memset(plan, 0, sizeof(*plan));
     plan->attempt = attempt;
@@ -535,45 +536,58 @@ void run_build_plan(run_opts_t *o, run_plan_t *plan, int attempt)
         run_usage_error("--launcher slurm runs inside a Slurm allocation (SLURM_JOB_ID is not set): use "
                         "salloc ... dshim-run ... or an sbatch script (docs/launcher.md)");
     }
+}
 
-    bool torch = o->style == RUN_STYLE_TORCH;
-    bool per_node_mode = torch && o->nnodes > 1 && !o->hostfile && o->launcher == RUN_LAUNCHER_LOCAL;
+/* Whether the whole job runs on this machine (then loopback addresses do). */
+static bool job_on_one_host(const run_opts_t *o, bool per_node_mode)
+{
+    if (o->launcher == RUN_LAUNCHER_SLURM) {
+        return o->style == RUN_STYLE_TORCH ? o->nnodes == 1 : dshim_config()->slurm_nnodes <= 1;
+    }
     bool all_hosts_local = true;
     for (int i = 0; i < o->nhosts; i++) {
         all_hosts_local &= o->hosts[i].local;
     }
-    bool single_host;
-    if (o->launcher == RUN_LAUNCHER_SLURM) {
-        single_host = torch ? o->nnodes == 1 : cfg->slurm_nnodes <= 1;
-    } else {
-        single_host = !per_node_mode && all_hosts_local;
+    return !per_node_mode && all_hosts_local;
+}
+
+/* This host's address for the job: where the store (and MXNet's scheduler) is reached. */
+static char *launcher_addr(const run_opts_t *o, bool per_node_mode, bool single_host)
+{
+    if (o->style != RUN_STYLE_TORCH) {
+        return scheduler_addr(o, single_host);
     }
     /* a --master-addr naming this host is also how the others reach our store */
-    char *here = NULL;
-    if (!torch) {
-        here = scheduler_addr(o, single_host);
-    } else if (o->master_addr && (per_node_mode || addr_is_local(o->master_addr))) {
-        here = run_xstrdup(o->master_addr);
-    } else {
-        here = this_host_addr(o, single_host);
+    if (o->master_addr && (per_node_mode || addr_is_local(o->master_addr))) {
+        return run_xstrdup(o->master_addr);
     }
+    return this_host_addr(o, single_host);
+}
 
-    run_strv_t common = {0};
+/* This environment as every process gets it: without what describes this
+ * session only, and with libdshim.so preloaded. */
+static void forwarded_env(const run_plan_t *plan, run_strv_t *common)
+{
     for (char **e = environ; *e; e++) {
         if (!not_forwarded(*e)) {
-            run_strv_add(&common, *e);
+            run_strv_add(common, *e);
         }
     }
     if (plan->libdshim) {
-        const char *pre = cfg->ld_preload;
+        const char *pre = dshim_config()->ld_preload;
         if (pre && pre[0]) {
-            run_strv_setenv(&common, "LD_PRELOAD", "%s:%s", pre, plan->libdshim);
+            run_strv_setenv(common, "LD_PRELOAD", "%s:%s", pre, plan->libdshim);
         } else {
-            run_strv_setenv(&common, "LD_PRELOAD", "%s", plan->libdshim);
+            run_strv_setenv(common, "LD_PRELOAD", "%s", plan->libdshim);
         }
     }
+}
 
-    /* dshim's rendezvous store: hosted by this controller (node 0's when every node runs its own). */
+/* dshim's rendezvous store: hosted by this controller (node 0's when every node runs its own). */
+static void plan_store(const run_opts_t *o, run_plan_t *plan, bool per_node_mode, const char *here,
+                       run_strv_t *common)
+{
+    const dshim_config_t *cfg = dshim_config();
     plan->host_store = !per_node_mode || o->node_rank == 0;
     if (cfg->job_token && cfg->job_token[0]) {
         plan->token = run_xstrdup(cfg->job_token);
@@ -603,59 +617,81 @@ void run_build_plan(run_opts_t *o, run_plan_t *plan, int attempt)
     plan->store_addr = run_xstrdup(store_addr);
     plan->per_node = per_node_mode;
     plan->node_rank = o->node_rank;
-    run_strv_setenv(&common, "DSHIM_STORE_ADDR", "%s", store_addr);
-    run_strv_setenv(&common, "DSHIM_STORE_PORT", "%d", plan->store_port);
-    run_strv_setenv(&common, "DSHIM_STORE_EXTERNAL", "1");
-    run_strv_setenv(&common, "DSHIM_JOB_TOKEN", "%s", plan->token);
+    run_strv_setenv(common, "DSHIM_STORE_ADDR", "%s", store_addr);
+    run_strv_setenv(common, "DSHIM_STORE_PORT", "%d", plan->store_port);
+    run_strv_setenv(common, "DSHIM_STORE_EXTERNAL", "1");
+    run_strv_setenv(common, "DSHIM_JOB_TOKEN", "%s", plan->token);
+}
+
+/* torch's MASTER_ADDR and MASTER_PORT (rank 0's TCPStore), checked free when rank 0 runs here. */
+static void torch_master(const run_opts_t *o, bool per_node_mode, const char *here, run_strv_t *common)
+{
+    const char *maddr = o->master_addr;
+    bool master_local;
+    if (maddr) {
+        master_local = addr_is_local(maddr);
+    } else if (o->hostfile && !o->hosts[0].local) {
+        maddr = strip_user(o->hosts[0].name);
+        master_local = false;
+    } else {
+        maddr = here;
+        master_local = true;
+    }
+    int mport = o->master_port < 0 ? 29500 : o->master_port;
+    bool checks_here = master_local && (!per_node_mode || o->node_rank == 0);
+    if (mport == 0) {
+        if (!master_local) {
+            run_usage_error("--master-port 0 (pick a free port) only works when rank 0 runs on this host; "
+                            "give a port");
+        }
+        mport = pick_free_port();
+    } else if (checks_here && !port_free(mport)) {
+        run_usage_error("master port %d is in use on this host (another job?); pass --master-port with a free "
+                        "port, or 0 to pick one", mport);
+    }
+    run_strv_setenv(common, "MASTER_ADDR", "%s", maddr);
+    run_strv_setenv(common, "MASTER_PORT", "%d", mport);
+}
+
+/* MXNet's DMLC_PS_ROOT_PORT (the scheduler's). */
+static int mxnet_root_port(const run_opts_t *o)
+{
+    int root_port = o->master_port > 0 ? o->master_port : -1;
+    if (root_port > 0 && !port_free(root_port)) {
+        run_usage_error("--master-port %d is in use on this host (another job?); give a free port, or 0 to "
+                        "pick one", root_port);
+    }
+    /* without --master-port: the first free port of the dmlc tracker's range, as launch.py
+     * (two jobs started at once may pick the same one: give each its own --master-port) */
+    for (int p = 9091; p <= 9999 && root_port < 0 && o->master_port < 0; p++) {
+        if (port_free(p)) {
+            root_port = p;
+        }
+    }
+    if (root_port < 0) {
+        root_port = pick_free_port();
+    }
+    return root_port;
+}
+
+void run_build_plan(run_opts_t *o, run_plan_t *plan, int attempt)
+{
+    plan_basics(o, plan, attempt);
+    bool torch = o->style == RUN_STYLE_TORCH;
+    bool per_node_mode = torch && o->nnodes > 1 && !o->hostfile && o->launcher == RUN_LAUNCHER_LOCAL;
+    char *here = launcher_addr(o, per_node_mode, job_on_one_host(o, per_node_mode));
+    run_strv_t common = {0};
+    forwarded_env(plan, &common);
+    plan_store(o, plan, per_node_mode, here, &common);
 
     run_strv_t argv0 = {0};
     int legacy_at = -1;
     base_argv(o, &argv0, &legacy_at);
-
     if (torch) {
-        const char *maddr = o->master_addr;
-        bool master_local;
-        if (maddr) {
-            master_local = addr_is_local(maddr);
-        } else if (o->hostfile && !o->hosts[0].local) {
-            maddr = strip_user(o->hosts[0].name);
-            master_local = false;
-        } else {
-            maddr = here;
-            master_local = true;
-        }
-        int mport = o->master_port < 0 ? 29500 : o->master_port;
-        bool checks_here = master_local && (!per_node_mode || o->node_rank == 0);
-        if (mport == 0) {
-            if (!master_local) {
-                run_usage_error("--master-port 0 (pick a free port) only works when rank 0 runs on this host; "
-                                "give a port");
-            }
-            mport = pick_free_port();
-        } else if (checks_here && !port_free(mport)) {
-            run_usage_error("master port %d is in use on this host (another job?); pass --master-port with a free "
-                            "port, or 0 to pick one", mport);
-        }
-        run_strv_setenv(&common, "MASTER_ADDR", "%s", maddr);
-        run_strv_setenv(&common, "MASTER_PORT", "%d", mport);
+        torch_master(o, per_node_mode, here, &common);
         torch_procs(o, plan, &common, &argv0, legacy_at, per_node_mode, attempt);
     } else {
-        int root_port = o->master_port > 0 ? o->master_port : -1;
-        if (root_port > 0 && !port_free(root_port)) {
-            run_usage_error("--master-port %d is in use on this host (another job?); give a free port, or 0 to "
-                            "pick one", root_port);
-        }
-        /* without --master-port: the first free port of the dmlc tracker's range, as launch.py
-         * (two jobs started at once may pick the same one: give each its own --master-port) */
-        for (int p = 9091; p <= 9999 && root_port < 0 && o->master_port < 0; p++) {
-            if (port_free(p)) {
-                root_port = p;
-            }
-        }
-        if (root_port < 0) {
-            root_port = pick_free_port();
-        }
-        mxnet_procs(o, plan, &common, &argv0, here, root_port);
+        mxnet_procs(o, plan, &common, &argv0, here, mxnet_root_port(o));
     }
     plan->env = run_strv_terminated(&common);
     plan->nenv = common.n;

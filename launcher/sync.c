@@ -4,8 +4,6 @@
  * start if any copy fails (the dmlc tracker ignores rsync's exit code, so a
  * job then runs stale code or none).
  */
-#include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,28 +13,29 @@
 
 #include "child.h"
 #include "config.h"
-#include "frame.h"
 #include "net.h"
+#include "pump.h"
 #include "run.h"
 
 #define SYNC_TIMEOUT_S 600.0
 
 typedef struct {
-    run_child_t ch;
+    pid_t pid;
+    run_pipes_t pipes;  /* stdout and stderr: rsync has been seen to exit 11 with nothing on stderr */
     const char *host;
     bool done;
     int status;
     char last_err[400];
     bool have_reason;
-    run_linebuf_t lb[2]; /* stdout, stderr: rsync has been seen to exit 11 with nothing on stderr */
 } sync_job_t;
 
 /* rsync ends with a summary ("rsync error: error in file IO (code 11)...");
  * the line that says what went wrong comes first ("rsync: [Receiver] mkdir
  * ... failed: Not a directory"), so keep the first such line. */
-static void keep_reason(void *ctx, const char *line, size_t len)
+static void keep_reason(void *owner, bool err, const char *line, size_t len)
 {
-    sync_job_t *j = ctx;
+    (void)err;
+    sync_job_t *j = owner;
     bool summary = len >= 12 && strncmp(line, "rsync error:", 12) == 0;
     if (j->have_reason || (summary && j->last_err[0])) {
         return;
@@ -65,25 +64,39 @@ static const char *rsync_code_meaning(int code)
     }
 }
 
-/* Reads what is there on one of a job's pipes; closes it at its end. */
-static void drain(sync_job_t *j, int which)
+/* The rsync command that copies src/ to dst/ on host h. */
+static void rsync_argv(const run_host_t *h, const char *src, const char *dst, run_strv_t *argv)
 {
-    int *fd = which ? &j->ch.err_fd : &j->ch.out_fd;
-    char buf[4096];
-    ssize_t r = read(*fd, buf, sizeof(buf));
-    if (r > 0) {
-        run_linebuf_feed(&j->lb[which], buf, (size_t)r, keep_reason, j);
-    } else if (r == 0 || errno != EINTR) {
-        run_linebuf_flush(&j->lb[which], keep_reason, j);
-        close(*fd);
-        *fd = -1;
+    const dshim_config_t *cfg = dshim_config();
+    run_split_words(cfg->run_rsync, argv);
+    run_strv_add(argv, "-az");
+    run_strv_add(argv, "--mkpath");
+    if (!h->local) {
+        /* ssh command and its options as one -e word; rsync splits it itself */
+        char *e = NULL;
+        if (h->port) {
+            if (asprintf(&e, "%s -p %d", cfg->run_ssh, h->port) < 0) {
+                exit(1);
+            }
+        } else {
+            e = run_xstrdup(cfg->run_ssh);
+        }
+        run_strv_add(argv, "-e");
+        run_strv_add(argv, e);
+        free(e);
+    }
+    run_strv_addf(argv, "%s/", src);
+    if (h->local) {
+        run_strv_addf(argv, "%s/", dst);
+    } else {
+        /* "--" is not needed: host names were checked not to start with '-' */
+        run_strv_addf(argv, "%s:%s/", h->name, dst);
     }
 }
 
-int run_sync_dirs(const run_opts_t *o, const char *src, const char *dst)
+/* One rsync per distinct host, all at once; exits 2 when one cannot be started. */
+static int start_all(const run_opts_t *o, const char *src, const char *dst, sync_job_t *jobs)
 {
-    const dshim_config_t *cfg = dshim_config();
-    sync_job_t *jobs = run_xmalloc((size_t)o->nhosts * sizeof(*jobs));
     int n = 0;
     for (int i = 0; i < o->nhosts; i++) {
         bool dup = false;
@@ -94,97 +107,83 @@ int run_sync_dirs(const run_opts_t *o, const char *src, const char *dst)
             continue;
         }
         run_strv_t argv = {0};
-        run_split_words(cfg->run_rsync, &argv);
-        run_strv_add(&argv, "-az");
-        run_strv_add(&argv, "--mkpath");
-        if (!o->hosts[i].local) {
-            /* ssh command and its options as one -e word; rsync splits it itself */
-            char *e = NULL;
-            if (o->hosts[i].port) {
-                if (asprintf(&e, "%s -p %d", cfg->run_ssh, o->hosts[i].port) < 0) {
-                    exit(1);
-                }
-            } else {
-                e = run_xstrdup(cfg->run_ssh);
-            }
-            run_strv_add(&argv, "-e");
-            run_strv_add(&argv, e);
-            free(e);
-        }
-        run_strv_addf(&argv, "%s/", src);
-        if (o->hosts[i].local) {
-            run_strv_addf(&argv, "%s/", dst);
-        } else {
-            /* "--" is not needed: host names were checked not to start with '-' */
-            run_strv_addf(&argv, "%s:%s/", o->hosts[i].name, dst);
-        }
+        rsync_argv(&o->hosts[i], src, dst, &argv);
         run_spawn_t s = {.argv = run_strv_terminated(&argv), .own_pgrp = true, .pdeathsig = SIGKILL};
+        run_child_t ch = {.pid = -1, .in_fd = -1, .out_fd = -1, .err_fd = -1};
         char err[512];
         jobs[n].host = o->hosts[i].name;
-        if (run_child_spawn(&s, &jobs[n].ch, err, sizeof(err)) != 0) {
+        run_pipes_init(&jobs[n].pipes);
+        if (run_child_spawn(&s, &ch, err, sizeof(err)) != 0) {
             run_say("--sync-dst-dir: cannot run rsync for host %s: %s (install rsync or set DSHIM_RUN_RSYNC)",
                     o->hosts[i].name, err);
+            jobs[n].pid = ch.pid;
             for (int k = 0; k <= n; k++) {
-                if (jobs[k].ch.pid > 0) {
-                    kill(-jobs[k].ch.pid, SIGKILL);
-                    waitpid(jobs[k].ch.pid, NULL, 0);
+                if (jobs[k].pid > 0) {
+                    kill(-jobs[k].pid, SIGKILL);
+                    waitpid(jobs[k].pid, NULL, 0);
                 }
             }
             exit(RUN_EXIT_USAGE);
         }
+        jobs[n].pid = ch.pid;
+        run_pipes_attach(&jobs[n].pipes, ch.out_fd, ch.err_fd, keep_reason, &jobs[n]);
         run_strv_free(&argv);
         n++;
     }
+    return n;
+}
+
+/* The copies still running after SYNC_TIMEOUT_S fail. */
+static void time_out(sync_job_t *jobs, int n)
+{
+    for (int k = 0; k < n; k++) {
+        if (!jobs[k].done) {
+            kill(-jobs[k].pid, SIGKILL);
+            waitpid(jobs[k].pid, &jobs[k].status, 0);
+            run_pipes_free(&jobs[k].pipes);
+            snprintf(jobs[k].last_err, sizeof(jobs[k].last_err), "timed out after %.0f s", SYNC_TIMEOUT_S);
+            jobs[k].done = true;
+        }
+    }
+}
+
+/* Collects every copy's output and exit, at most SYNC_TIMEOUT_S. */
+static void wait_all(sync_job_t *jobs, int n)
+{
     double deadline = dshim_now() + SYNC_TIMEOUT_S;
+    run_pollset_t ps = {0};
     int left = n;
     while (left > 0) {
-        struct pollfd pfd[2 * n];
-        int np = 0;
-        int map[2 * n];
+        run_pollset_clear(&ps);
         for (int k = 0; k < n; k++) {
-            int fds[2] = {jobs[k].ch.out_fd, jobs[k].ch.err_fd};
-            for (int w = 0; w < 2; w++) {
-                if (fds[w] >= 0) {
-                    map[np] = 2 * k + w;
-                    pfd[np++] = (struct pollfd){.fd = fds[w], .events = POLLIN};
-                }
-            }
+            run_pollset_add_pipes(&ps, &jobs[k].pipes);
         }
-        if (np > 0) {
-            poll(pfd, (nfds_t)np, 200);
-            for (int p = 0; p < np; p++) {
-                if (pfd[p].revents) {
-                    drain(&jobs[map[p] / 2], map[p] % 2);
-                }
-            }
+        if (ps.n > 0) {
+            run_pollset_wait(&ps, 200);
+            run_pollset_read_pipes(&ps);
         } else {
             usleep(50000);
         }
         for (int k = 0; k < n; k++) {
-            if (!jobs[k].done && jobs[k].ch.err_fd < 0 && jobs[k].ch.out_fd < 0 && waitpid(jobs[k].ch.pid, &jobs[k].status, WNOHANG) > 0) {
+            if (!jobs[k].done && !run_pipes_open(&jobs[k].pipes) &&
+                waitpid(jobs[k].pid, &jobs[k].status, WNOHANG) > 0) {
                 jobs[k].done = true;
                 left--;
             }
         }
         if (left > 0 && dshim_now() > deadline) {
-            for (int k = 0; k < n; k++) {
-                if (!jobs[k].done) {
-                    kill(-jobs[k].ch.pid, SIGKILL);
-                    waitpid(jobs[k].ch.pid, &jobs[k].status, 0);
-                    for (int w = 0; w < 2; w++) {
-                        int *fd = w ? &jobs[k].ch.err_fd : &jobs[k].ch.out_fd;
-                        if (*fd >= 0) {
-                            close(*fd);
-                            *fd = -1;
-                        }
-                    }
-                    snprintf(jobs[k].last_err, sizeof(jobs[k].last_err), "timed out after %.0f s", SYNC_TIMEOUT_S);
-                    jobs[k].done = true;
-                }
-            }
+            time_out(jobs, n);
             left = 0;
         }
     }
+    run_pollset_free(&ps);
+}
+
+int run_sync_dirs(const run_opts_t *o, const char *src, const char *dst)
+{
+    sync_job_t *jobs = run_xmalloc((size_t)o->nhosts * sizeof(*jobs));
+    int n = start_all(o, src, dst, jobs);
+    wait_all(jobs, n);
     int bad = 0;
     for (int k = 0; k < n; k++) {
         int st = jobs[k].status;
@@ -197,8 +196,7 @@ int run_sync_dirs(const run_opts_t *o, const char *src, const char *dst)
                     dst);
             bad++;
         }
-        run_linebuf_free(&jobs[k].lb[0]);
-        run_linebuf_free(&jobs[k].lb[1]);
+        run_pipes_free(&jobs[k].pipes);
     }
     free(jobs);
     return bad ? -1 : 0;

@@ -1,16 +1,22 @@
 /* Unit tests of dshim-run's pure parts: the job description encoding, the
- * agent->controller frames, shell quoting, word splitting and the hostfile
- * parser (whose errors exit 2; Check's exit tests cover those). */
+ * agent->controller frames, shell quoting, word splitting, the hostfile
+ * parser (whose errors exit 2; Check's exit tests cover those), and the parts
+ * of the controller's and agents' loops: pipes cut into lines, exit codes,
+ * the stop deadline. */
 #include <check.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "child.h"
 #include "frame.h"
+#include "pump.h"
 #include "run.h"
 #include "spec.h"
+#include "stop.h"
 
 static char *write_tmp(const char *text)
 {
@@ -290,6 +296,106 @@ START_TEST(host_names)
 }
 END_TEST
 
+typedef struct {
+    char seen[8][32];
+    int n;
+} lines_seen_t;
+
+static void note_line(void *owner, bool err, const char *line, size_t len)
+{
+    lines_seen_t *ls = owner;
+    ck_assert_int_lt(ls->n, 8);
+    snprintf(ls->seen[ls->n++], sizeof(ls->seen[0]), "%s:%.*s", err ? "err" : "out", (int)len, line);
+}
+
+START_TEST(pipes_cut_lines_and_drain_the_rest)
+{
+    int out[2], err[2];
+    ck_assert_int_eq(pipe(out), 0);
+    ck_assert_int_eq(pipe(err), 0);
+    lines_seen_t ls = {.n = 0};
+    run_pipes_t p;
+    run_pipes_attach(&p, out[0], err[0], note_line, &ls);
+    ck_assert_int_eq(write(out[1], "a\nb", 3), 3);
+    ck_assert_int_eq(write(err[1], "e\n", 2), 2);
+    int mine[2];  /* the caller's own descriptor: reported ready, never read by the set */
+    ck_assert_int_eq(pipe(mine), 0);
+    ck_assert_int_eq(write(mine[1], "x", 1), 1);
+    run_pollset_t ps = {0};
+    int own = run_pollset_add_fd(&ps, mine[0]);
+    run_pollset_add_pipes(&ps, &p);
+    ck_assert_int_eq(ps.n, 3);
+    ck_assert_int_eq(run_pollset_wait(&ps, 1000), 3);
+    ck_assert(run_pollset_ready(&ps, own));
+    ck_assert(!run_pollset_ready(&ps, -1));
+    run_pollset_read_pipes(&ps);
+    char x;
+    ck_assert_int_eq(read(mine[0], &x, 1), 1);
+    ck_assert_int_eq(ls.n, 2);
+    ck_assert_str_eq(ls.seen[0], "out:a");
+    ck_assert_str_eq(ls.seen[1], "err:e");
+    /* the child ended: the unfinished "b" still comes, and nothing is waited for
+     * although a grandchild might keep err open */
+    close(out[1]);
+    run_pipes_drain(&p);
+    ck_assert_int_eq(ls.n, 3);
+    ck_assert_str_eq(ls.seen[2], "out:b");
+    ck_assert(!run_pipes_open(&p));
+    run_pipes_free(&p);
+    run_pipes_free(&p);  /* twice is fine */
+    run_pollset_free(&ps);
+    close(err[1]);
+    close(mine[0]);
+    close(mine[1]);
+}
+END_TEST
+
+static int status_of(int how)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        if (how < 0) {
+            raise(-how);
+        }
+        _exit(how);
+    }
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    return status;
+}
+
+START_TEST(exit_codes_as_a_shell_reports_them)
+{
+    run_exit_t e = run_exit_of(status_of(3));
+    ck_assert_int_eq(e.code, 3);
+    ck_assert_int_eq(e.sig, 0);
+    ck_assert_int_eq(run_exit_code(e), 3);
+    e = run_exit_of(status_of(-SIGKILL));
+    ck_assert_int_eq(e.code, -1);
+    ck_assert_int_eq(e.sig, SIGKILL);
+    ck_assert_int_eq(run_exit_code(e), 128 + SIGKILL);
+    ck_assert_int_eq(run_exit_code(run_exit_of(status_of(0))), 0);
+}
+END_TEST
+
+START_TEST(stop_deadline)
+{
+    run_stop_t s = {0};
+    ck_assert_int_eq(run_stop_wait_ms(&s, 500, 200), 500);
+    ck_assert(!run_stop_kill_due(&s));
+    ck_assert(run_stop_begin(&s, 60.0));
+    ck_assert(!run_stop_begin(&s, 0.0));  /* only the first asks to stop */
+    ck_assert(!run_stop_kill_due(&s));
+    ck_assert_int_eq(run_stop_wait_ms(&s, 500, 200), 200);
+    run_stop_hurry(&s);
+    ck_assert_int_eq(run_stop_wait_ms(&s, 500, 200), 0);
+    ck_assert(run_stop_kill_due(&s));
+    ck_assert(!run_stop_kill_due(&s));  /* killed once */
+    ck_assert_int_eq(run_stop_wait_ms(&s, 500, 200), 200);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("launcher");
@@ -303,6 +409,9 @@ int main(void)
     tcase_add_test(tc, env_vector_replaces_by_key);
     tcase_add_test(tc, hostfile_good);
     tcase_add_test(tc, host_names);
+    tcase_add_test(tc, pipes_cut_lines_and_drain_the_rest);
+    tcase_add_test(tc, exit_codes_as_a_shell_reports_them);
+    tcase_add_test(tc, stop_deadline);
     /* exit tests need Check's fork mode (valgrind runs use CK_FORK=no) */
     const char *fork_mode = getenv("CK_FORK");
     if (fork_mode && strcmp(fork_mode, "no") == 0) {
