@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "interpose.h"
 #include "mxnet/mx_api.h"
 #include "status.h"
 
@@ -27,7 +28,7 @@ int dshim_mx_api_bind(void *handle)
     memset(&a, 0, sizeof(a));
     int ok = 0;
 #define DSHIM_MX_RESOLVE(name, ret, args)                                      \
-    a.name = (ret(*) args)dshim_mx_real_dlsym(handle, #name);                  \
+    a.name = (ret(*) args)dshim_real_dlsym(handle, #name);                  \
     if (a.name == NULL) {                                                      \
         ok = -1;                                                               \
     }
@@ -38,16 +39,16 @@ int dshim_mx_api_bind(void *handle)
     DSHIM_MX_PROFILER_FUNCS(DSHIM_MX_RESOLVE)
 #undef DSHIM_MX_RESOLVE
     /* MXAPISetLastError is C++ in 1.9; NNAPISetLastError is what it calls */
-    a.set_last_error = (void (*)(const char *))dshim_mx_real_dlsym(handle, "NNAPISetLastError");
+    a.set_last_error = (void (*)(const char *))dshim_real_dlsym(handle, "NNAPISetLastError");
     if (a.set_last_error == NULL) {
-        a.set_last_error = (void (*)(const char *))dshim_mx_real_dlsym(handle, "_Z17MXAPISetLastErrorPKc");
+        a.set_last_error = (void (*)(const char *))dshim_real_dlsym(handle, "_Z17MXAPISetLastErrorPKc");
     }
     if (a.set_last_error == NULL) {
         ok = -1;
     }
     a.engine_push_async_nd = (int (*)(void (*)(void *, void *, void *), void *, void (*)(void *), void *,
                                       NDArrayHandle *, int, NDArrayHandle *, int, const void *, int, const char *,
-                                      bool))dshim_mx_real_dlsym(handle, "MXEnginePushAsyncND");
+                                      bool))dshim_real_dlsym(handle, "MXEnginePushAsyncND");
     if (ok == 0) {
         api = a;
         bound_handle = handle;

@@ -114,8 +114,6 @@ int dshim_mx_api_bind(void *handle);
 /* dshim's implementation of a function taking a KVStoreHandle (MXKVStore*, the
  * process profiler's), or NULL. */
 void *dshim_mx_kvstore_lookup(const char *name);
-/* The real dlsym (glibc's), for lookups that must not come back to us. */
-void *dshim_mx_real_dlsym(void *handle, const char *name);
 
 /* dshim's implementations (hooks/mxnet/kvstore*.c, profiler.c) */
 #define DSHIM_MX_DECL(name, ret, args) ret dshim_##name args;

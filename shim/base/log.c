@@ -100,15 +100,11 @@ const char *dshim_log_hostname(void)
     return log_host;
 }
 
-void dshim_log_write(dshim_log_level_t level, const char *file, int line, const char *fmt, ...)
+static void log_vwrite(dshim_log_level_t level, const char *file, int line, const char *fmt, va_list ap)
 {
     static const char *names[] = {"NONE", "WARN", "INFO", "TRACE"};
     char buf[2048];
     int n;
-    dshim_log_init();
-    if (dshim_log_level_current < (int)level) {
-        return;
-    }
     int rank = dshim_log_get_rank();
     if (rank >= 0) {
         n = snprintf(buf, sizeof(buf), "%s:%d:%ld [rank %d] DSHIM %s ", log_host, (int)getpid(),
@@ -117,10 +113,7 @@ void dshim_log_write(dshim_log_level_t level, const char *file, int line, const 
         n = snprintf(buf, sizeof(buf), "%s:%d:%ld DSHIM %s ", log_host, (int)getpid(),
                      (long)syscall(SYS_gettid), names[level]);
     }
-    va_list ap;
-    va_start(ap, fmt);
     n += vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
-    va_end(ap);
     if (n >= (int)sizeof(buf) - 40) {
         n = (int)sizeof(buf) - 40;
     }
@@ -130,4 +123,25 @@ void dshim_log_write(dshim_log_level_t level, const char *file, int line, const 
     buf[n++] = '\n';
     ssize_t w = write(log_fd, buf, (size_t)n);
     (void)w;
+}
+
+void dshim_log_write(dshim_log_level_t level, const char *file, int line, const char *fmt, ...)
+{
+    dshim_log_init();
+    if (dshim_log_level_current < (int)level) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    log_vwrite(level, file, line, fmt, ap);
+    va_end(ap);
+}
+
+void dshim_log_write_anyway(dshim_log_level_t level, const char *file, int line, const char *fmt, ...)
+{
+    dshim_log_init();
+    va_list ap;
+    va_start(ap, fmt);
+    log_vwrite(level, file, line, fmt, ap);
+    va_end(ap);
 }

@@ -14,6 +14,11 @@ int dshim_log_get_rank(void);
 const char *dshim_log_hostname(void);
 void dshim_log_write(dshim_log_level_t level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The same line, written whatever DSHIM_DEBUG says: for a module that has its
+ * own verbosity switch on top of DSHIM_DEBUG and has decided already (the
+ * parameter server's PS_VERBOSE, ps-lite's variable). */
+void dshim_log_write_anyway(dshim_log_level_t level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #define DSHIM_LOG_(lvl, ...)                                                   \
     do {                                                                       \

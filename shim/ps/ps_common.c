@@ -1,8 +1,7 @@
-/* Parameter server: environment, key placement, dtypes, message I/O, logging. */
+/* Parameter server: environment, key placement, message I/O. */
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -13,7 +12,6 @@
 #include "net.h"
 #include "ps_proto.h"
 #include "status.h"
-#include "reduce/reduce.h"
 
 dshim_ps_role_t dshim_ps_role(void)
 {
@@ -143,63 +141,6 @@ int dshim_ps_row_layout(int key, size_t rows, size_t unit, int num_servers, size
     return np;
 }
 
-size_t dshim_ps_dtype_size(int dtype)
-{
-    switch (dtype) {
-    case 0: return 4;  /* float32 */
-    case 1: return 8;  /* float64 */
-    case 2: return 2;  /* float16 */
-    case 3: return 1;  /* uint8 */
-    case 4: return 4;  /* int32 */
-    case 5: return 1;  /* int8 */
-    case 6: return 8;  /* int64 */
-    case 7: return 1;  /* bool */
-    case 12: return 2; /* bfloat16 */
-    default: return 0;
-    }
-}
-
-#define DSHIM_PS_ADD(T)                                                        \
-    do {                                                                       \
-        T *d_ = dst;                                                           \
-        const T *s_ = src;                                                     \
-        for (size_t i_ = 0; i_ < n; i_++) {                                    \
-            d_[i_] = (T)(d_[i_] + s_[i_]);                                     \
-        }                                                                      \
-    } while (0)
-
-dshim_status_t dshim_ps_add(void *dst, const void *src, size_t n, int dtype)
-{
-    switch (dtype) {
-    case 0: DSHIM_PS_ADD(float); break;
-    case 1: DSHIM_PS_ADD(double); break;
-    case 3: DSHIM_PS_ADD(uint8_t); break;
-    case 4: DSHIM_PS_ADD(int32_t); break;
-    case 5: DSHIM_PS_ADD(int8_t); break;
-    case 6: DSHIM_PS_ADD(int64_t); break;
-    case 2: {
-        uint16_t *d = dst;
-        const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++) {
-            d[i] = dshim_float_to_half(dshim_half_to_float(d[i]) + dshim_half_to_float(s[i]));
-        }
-        break;
-    }
-    case 12: {
-        uint16_t *d = dst;
-        const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++) {
-            d[i] = dshim_float_to_bf16(dshim_bf16_to_float(d[i]) + dshim_bf16_to_float(s[i]));
-        }
-        break;
-    }
-    default:
-        return dshim_error(DSHIM_ERR_UNSUPPORTED, "parameter server: cannot sum arrays of MXNet dtype %d "
-                           "(supported: float32/64/16, bfloat16, uint8, int8, int32, int64)", dtype);
-    }
-    return DSHIM_OK;
-}
-
 void dshim_ps_hdr_init(dshim_ps_hdr_t *h, int type, int key, uint64_t len)
 {
     memset(h, 0, sizeof(*h));
@@ -312,100 +253,6 @@ dshim_status_t dshim_ps_skip_body(int fd, size_t len, double deadline)
         size_t k = len < sizeof(tmp) ? len : sizeof(tmp);
         DSHIM_CHECK(io_full(fd, tmp, k, deadline, 0));
         len -= k;
-    }
-    return DSHIM_OK;
-}
-
-void dshim_ps_log(const dshim_ps_env_t *env, int rank, int level, const char *fmt, ...)
-{
-    if (env->verbose < level) {
-        return;
-    }
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    if (env->role == DSHIM_PS_SCHEDULER) {
-        fprintf(stderr, "[dshim-ps scheduler %s:%d] %s\n", dshim_log_hostname(), (int)getpid(), line);
-    } else {
-        fprintf(stderr, "[dshim-ps %s %d %s:%d] %s\n", dshim_ps_role_name(env->role), rank,
-                dshim_log_hostname(), (int)getpid(), line);
-    }
-}
-
-#define DSHIM_PS_WIDEN(T)                                                      \
-    do {                                                                       \
-        const T *s_ = src;                                                     \
-        for (size_t i_ = 0; i_ < n; i_++) {                                    \
-            dst[i_] = (float)s_[i_];                                           \
-        }                                                                      \
-    } while (0)
-
-#define DSHIM_PS_NARROW(T)                                                     \
-    do {                                                                       \
-        T *d_ = dst;                                                           \
-        for (size_t i_ = 0; i_ < n; i_++) {                                    \
-            d_[i_] = (T)src[i_];                                               \
-        }                                                                      \
-    } while (0)
-
-dshim_status_t dshim_ps_to_float32(float *dst, const void *src, size_t n, int dtype)
-{
-    switch (dtype) {
-    case 0: memcpy(dst, src, n * sizeof(float)); break;
-    case 1: DSHIM_PS_WIDEN(double); break;
-    case 3: DSHIM_PS_WIDEN(uint8_t); break;
-    case 4: DSHIM_PS_WIDEN(int32_t); break;
-    case 5: DSHIM_PS_WIDEN(int8_t); break;
-    case 6: DSHIM_PS_WIDEN(int64_t); break;
-    case 2: {
-        const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++) {
-            dst[i] = dshim_half_to_float(s[i]);
-        }
-        break;
-    }
-    case 12: {
-        const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++) {
-            dst[i] = dshim_bf16_to_float(s[i]);
-        }
-        break;
-    }
-    default:
-        return dshim_error(DSHIM_ERR_UNSUPPORTED, "parameter server: no float32 master copy for MXNet dtype %d",
-                           dtype);
-    }
-    return DSHIM_OK;
-}
-
-dshim_status_t dshim_ps_from_float32(void *dst, const float *src, size_t n, int dtype)
-{
-    switch (dtype) {
-    case 0: memcpy(dst, src, n * sizeof(float)); break;
-    case 1: DSHIM_PS_NARROW(double); break;
-    case 3: DSHIM_PS_NARROW(uint8_t); break;
-    case 4: DSHIM_PS_NARROW(int32_t); break;
-    case 5: DSHIM_PS_NARROW(int8_t); break;
-    case 6: DSHIM_PS_NARROW(int64_t); break;
-    case 2: {
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) {
-            d[i] = dshim_float_to_half(src[i]);
-        }
-        break;
-    }
-    case 12: {
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) {
-            d[i] = dshim_float_to_bf16(src[i]);
-        }
-        break;
-    }
-    default:
-        return dshim_error(DSHIM_ERR_UNSUPPORTED, "parameter server: no float32 master copy for MXNet dtype %d",
-                           dtype);
     }
     return DSHIM_OK;
 }

@@ -2,7 +2,6 @@
  * registration, barriers, death notices (a monitor thread reads them). */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +12,7 @@
 
 #include "log.h"
 #include "net.h"
+#include "ps_log.h"
 #include "ps_proto.h"
 #include "status.h"
 
@@ -121,13 +121,13 @@ static void *monitor_main(void *arg)
             node->barriers_done++;
             pthread_cond_broadcast(&node->cond);
             pthread_mutex_unlock(&node->mu);
-            dshim_ps_log(&node->env, node->rank, 1, "barrier done");
+            DSHIM_PS_INFO(&node->env, node->rank, "barrier done");
         } else if (h.type == DSHIM_PS_MSG_STOP) {
             pthread_mutex_lock(&node->mu);
             node->stop_requested = 1;
             pthread_cond_broadcast(&node->cond);
             pthread_mutex_unlock(&node->mu);
-            dshim_ps_log(&node->env, node->rank, 1, "every worker left (without a final barrier): stopping");
+            DSHIM_PS_INFO(&node->env, node->rank, "every worker left (without a final barrier): stopping");
         } else if (h.type == DSHIM_PS_MSG_DEAD) {
             char text[448] = "";
             size_t k = h.len < sizeof(text) - 1 ? h.len : sizeof(text) - 1;
@@ -168,6 +168,7 @@ static dshim_status_t server_listen(dshim_ps_node_t *node)
 
 dshim_status_t dshim_ps_node_start(const dshim_ps_env_t *env, dshim_ps_node_t **out)
 {
+    dshim_log_init(); /* DSHIM_DEBUG's level, before the first ps_log.h line */
     dshim_ps_node_t *node = calloc(1, sizeof(*node));
     if (node == NULL) {
         return dshim_error(DSHIM_ERR_NOMEM, "parameter server: out of memory");
@@ -218,7 +219,7 @@ dshim_status_t dshim_ps_node_start(const dshim_ps_env_t *env, dshim_ps_node_t **
                          dshim_ps_role_name(env->role), env->root_uri, env->root_port);
         goto fail;
     }
-    dshim_ps_log(env, -1, 1, "registering with the scheduler %s:%d", env->root_uri, env->root_port);
+    DSHIM_PS_INFO(env, -1, "registering with the scheduler %s:%d", env->root_uri, env->root_port);
     /* everyone must register before ranks are assigned: wait as long as the
      * connect timeout allows */
     st = dshim_ps_recv_hdr(node->sched_fd, &h, deadline);
@@ -250,9 +251,9 @@ dshim_status_t dshim_ps_node_start(const dshim_ps_env_t *env, dshim_ps_node_t **
         goto fail;
     }
     node->rank = as.rank;
-    dshim_ps_log(env, node->rank, 1, "registered: rank %d of %d %ss (%d workers, %d servers)", node->rank,
-                 env->role == DSHIM_PS_SERVER ? env->num_servers : env->num_workers, dshim_ps_role_name(env->role),
-                 env->num_workers, env->num_servers);
+    DSHIM_PS_INFO(env, node->rank, "registered: rank %d of %d %ss (%d workers, %d servers)", node->rank,
+                  env->role == DSHIM_PS_SERVER ? env->num_servers : env->num_workers, dshim_ps_role_name(env->role),
+                  env->num_workers, env->num_servers);
     if (pthread_create(&node->monitor, NULL, monitor_main, node) != 0) {
         st = dshim_error(DSHIM_ERR_SYSTEM, "parameter server: cannot start the monitor thread");
         goto fail;
@@ -286,7 +287,7 @@ dshim_status_t dshim_ps_barrier(dshim_ps_node_t *node, int group)
     pthread_mutex_lock(&node->send_mu);
     dshim_status_t st = dshim_ps_send(node->sched_fd, &h, NULL, dshim_now() + node->env.timeout_s);
     pthread_mutex_unlock(&node->send_mu);
-    dshim_ps_log(&node->env, node->rank, 1, "barrier (group %d)", group);
+    DSHIM_PS_INFO(&node->env, node->rank, "barrier (group %d)", group);
     double deadline = dshim_now() + node->env.timeout_s;
     pthread_mutex_lock(&node->mu);
     while (st == DSHIM_OK && node->barriers_done < target && node->failure[0] == '\0') {

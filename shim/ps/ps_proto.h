@@ -3,6 +3,7 @@
 #ifndef DSHIM_PS_PROTO_H
 #define DSHIM_PS_PROTO_H
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <netinet/in.h>
@@ -120,10 +121,15 @@ dshim_status_t dshim_ps_recv_hdr(int fd, dshim_ps_hdr_t *h, double deadline);
 dshim_status_t dshim_ps_recv_body(int fd, void *buf, size_t len, double deadline);
 dshim_status_t dshim_ps_skip_body(int fd, size_t len, double deadline);
 void dshim_ps_hdr_init(dshim_ps_hdr_t *h, int type, int key, uint64_t len);
+/* A connection in a poll() set that the loop must read now: data came, or the
+ * peer hung up or the connection failed -- then the read reports the peer's
+ * death (DSHIM_ERR_PEER), so a hang-up is never left unread.  The one rule of
+ * the scheduler's, the servers' and the workers' loops. */
+static inline int dshim_ps_conn_ready(const struct pollfd *p)
+{
+    return p->fd >= 0 && (p->revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+}
 const char *dshim_ps_msg_name(int type);
-/* PS_VERBOSE logging: "[dshim-ps <role> <rank>] ..." on stderr */
-void dshim_ps_log(const dshim_ps_env_t *env, int rank, int level, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 /* records the node's failure (first one wins) and wakes waiters */
 void dshim_ps_node_fail(dshim_ps_node_t *node, const char *msg);
 

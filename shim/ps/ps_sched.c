@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 
 #include "net.h"
+#include "ps_log.h"
 #include "ps_proto.h"
 #include "status.h"
 
@@ -98,7 +99,7 @@ static dshim_status_t registration(const dshim_ps_env_t *env, int lfd, sched_nod
         dshim_ps_hello_t hello;
         if (dshim_ps_recv_hdr(fd, &h, dshim_now() + 10) != DSHIM_OK || h.type != DSHIM_PS_MSG_HELLO ||
             h.len != sizeof(hello) || dshim_ps_recv_body(fd, &hello, sizeof(hello), dshim_now() + 10) != DSHIM_OK) {
-            dshim_ps_log(env, -1, 1, "dropped a connection that did not speak the parameter-server protocol");
+            DSHIM_PS_INFO(env, -1, "dropped a connection that did not speak the parameter-server protocol");
             close(fd);
             continue;
         }
@@ -124,8 +125,8 @@ static dshim_status_t registration(const dshim_ps_env_t *env, int lfd, sched_nod
         n->fd = fd;
         n->hello = hello;
         n->rank = hello.role == DSHIM_PS_SERVER ? nserv++ : nwork++;
-        dshim_ps_log(env, -1, 1, "registered %s %d: pid %d on host %s", dshim_ps_role_name((dshim_ps_role_t)hello.role),
-                     n->rank, hello.pid, hello.host);
+        DSHIM_PS_INFO(env, -1, "registered %s %d: pid %d on host %s", dshim_ps_role_name((dshim_ps_role_t)hello.role),
+                      n->rank, hello.pid, hello.host);
     }
     /* ranks within a role follow the launcher's DMLC_TASK_ID when every node has one
      * (dshim-run's [worker i] is then kv.rank i), else the order of arrival */
@@ -168,7 +169,7 @@ static dshim_status_t registration(const dshim_ps_env_t *env, int lfd, sched_nod
         dshim_ps_send(nodes[i].fd, &h, buf, dshim_now() + 10);
     }
     free(buf);
-    dshim_ps_log(env, -1, 1, "all %d workers and %d servers registered", env->num_workers, env->num_servers);
+    DSHIM_PS_INFO(env, -1, "all %d workers and %d servers registered", env->num_workers, env->num_servers);
     return DSHIM_OK;
 }
 
@@ -185,7 +186,7 @@ static void barrier_arrive(const dshim_ps_env_t *env, sched_node_t *nodes, int t
     for (int i = 0; i < total; i++) {
         count += nodes[i].barrier_group == group;
     }
-    dshim_ps_log(env, -1, 2, "barrier group %d: %d of %d", group, count, group_size(env, group));
+    DSHIM_PS_TRACE(env, -1, "barrier group %d: %d of %d", group, count, group_size(env, group));
     if (count < group_size(env, group)) {
         return;
     }
@@ -197,7 +198,7 @@ static void barrier_arrive(const dshim_ps_env_t *env, sched_node_t *nodes, int t
             dshim_ps_send(nodes[i].fd, &h, NULL, dshim_now() + 10);
         }
     }
-    dshim_ps_log(env, -1, 1, "barrier group %d done", group);
+    DSHIM_PS_INFO(env, -1, "barrier group %d done", group);
 }
 
 /* Every worker said goodbye: servers still serving were never sent kStopServer
@@ -216,15 +217,16 @@ static void stop_servers_if_workers_left(const dshim_ps_env_t *env, sched_node_t
             dshim_ps_send(nodes[i].fd, &h, NULL, dshim_now() + 10);
         }
     }
-    dshim_ps_log(env, -1, 1, "every worker left: servers told to stop");
+    DSHIM_PS_INFO(env, -1, "every worker left: servers told to stop");
 }
 
 dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
 {
+    dshim_log_init(); /* DSHIM_DEBUG's level, before the first ps_log.h line */
     int lfd = -1;
     DSHIM_CHECK(sched_listen(env, &lfd));
-    dshim_ps_log(env, -1, 1, "listening on port %d for %d workers and %d servers", env->root_port, env->num_workers,
-                 env->num_servers);
+    DSHIM_PS_INFO(env, -1, "listening on port %d for %d workers and %d servers", env->root_port, env->num_workers,
+                  env->num_servers);
     int total = env->num_workers + env->num_servers;
     sched_node_t *nodes = calloc((size_t)total, sizeof(*nodes));
     struct pollfd *pfds = calloc((size_t)total + 1, sizeof(*pfds));
@@ -261,7 +263,7 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
             }
         }
         for (int i = 0; i < total && st == DSHIM_OK; i++) {
-            if (pfds[i].fd < 0 || !(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+            if (!dshim_ps_conn_ready(&pfds[i])) {
                 continue;
             }
             sched_node_t *n = &nodes[i];
@@ -275,8 +277,8 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
                 st = dshim_error(DSHIM_ERR_PEER, "dshim ps scheduler: %s died", who);
                 break;
             }
-            dshim_ps_log(env, -1, 2, "%s from %s %d", dshim_ps_msg_name(h.type),
-                         dshim_ps_role_name((dshim_ps_role_t)n->hello.role), n->rank);
+            DSHIM_PS_TRACE(env, -1, "%s from %s %d", dshim_ps_msg_name(h.type),
+                           dshim_ps_role_name((dshim_ps_role_t)n->hello.role), n->rank);
             if (h.type == DSHIM_PS_MSG_BARRIER) {
                 barrier_arrive(env, nodes, total, n, h.key);
             } else if (h.type == DSHIM_PS_MSG_BYE) {
@@ -297,7 +299,7 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
     free(nodes);
     free(pfds);
     if (st == DSHIM_OK) {
-        dshim_ps_log(env, -1, 1, "every node finished");
+        DSHIM_PS_INFO(env, -1, "every node finished");
     }
     return st;
 }

@@ -15,6 +15,7 @@
 
 #include "config.h"
 #include "net.h"
+#include "ps_log.h"
 #include "ps_proto.h"
 #include "ps_twobit.h"
 #include "status.h"
@@ -144,8 +145,8 @@ static dshim_status_t reply(server_t *s, int worker, uint32_t seq, int type, con
     dshim_ps_hdr_t h;
     dshim_ps_hdr_init(&h, type, 0, len);
     h.seq = seq;
-    dshim_ps_log(&s->node->env, s->node->rank, 2, "%s seq %u (%zu bytes) -> worker %d", dshim_ps_msg_name(type),
-                 seq, len, worker);
+    DSHIM_PS_TRACE(&s->node->env, s->node->rank, "%s seq %u (%zu bytes) -> worker %d", dshim_ps_msg_name(type),
+                   seq, len, worker);
     s->node->bytes_out += len;
     dshim_status_t st = dshim_ps_send(s->worker_fds[worker], &h, payload, dshim_now() + s->node->env.timeout_s);
     if (st != DSHIM_OK) {
@@ -537,8 +538,8 @@ static dshim_status_t rows_init(server_t *s, int worker, const dshim_ps_hdr_t *h
     if (s->multi_precision && k->dtype != 0) {
         DSHIM_CHECK(make_master(s, k));
     }
-    dshim_ps_log(&s->node->env, s->node->rank, 2, "row_sparse key %d initialised by worker %d (%zu of %zu rows)",
-                 h->key, worker, nrows, k->rows);
+    DSHIM_PS_TRACE(&s->node->env, s->node->rank, "row_sparse key %d initialised by worker %d (%zu of %zu rows)",
+                   h->key, worker, nrows, k->rows);
     return reply(s, worker, h->seq, DSHIM_PS_MSG_REPLY, NULL, 0);
 }
 
@@ -735,8 +736,8 @@ static dshim_status_t handle_push(server_t *s, int worker, const dshim_ps_hdr_t 
         if (s->multi_precision && k->dtype != 0) {
             DSHIM_CHECK(make_master(s, k));
         }
-        dshim_ps_log(&s->node->env, s->node->rank, 2, "key %d initialised by worker %d (%zu elements)", h->key,
-                     worker, n);
+        DSHIM_PS_TRACE(&s->node->env, s->node->rank, "key %d initialised by worker %d (%zu elements)", h->key,
+                       worker, n);
         return (h->flags & DSHIM_PS_F_PULL) ? answer_stored(s, k, worker, h->seq)
                                             : reply(s, worker, h->seq, DSHIM_PS_MSG_REPLY, NULL, 0);
     }
@@ -842,7 +843,7 @@ static dshim_status_t handle_command(server_t *s, int worker, const dshim_ps_hdr
         }
         break;
     }
-    dshim_ps_log(&s->node->env, s->node->rank, 1, "command %d from worker %d", h->key, worker);
+    DSHIM_PS_INFO(&s->node->env, s->node->rank, "command %d from worker %d", h->key, worker);
     return reply(s, worker, h->seq, DSHIM_PS_MSG_REPLY, NULL, 0);
 }
 
@@ -874,8 +875,8 @@ static dshim_status_t handle_message(server_t *s, int worker)
     }
     s->buf[h.len] = '\0';
     s->node->bytes_in += h.len;
-    dshim_ps_log(&s->node->env, s->node->rank, 2, "%s key %d (%llu bytes, seq %u) <- worker %d",
-                 dshim_ps_msg_name(h.type), h.key, (unsigned long long)h.len, h.seq, worker);
+    DSHIM_PS_TRACE(&s->node->env, s->node->rank, "%s key %d (%llu bytes, seq %u) <- worker %d",
+                   dshim_ps_msg_name(h.type), h.key, (unsigned long long)h.len, h.seq, worker);
     switch (h.type) {
     case DSHIM_PS_MSG_PUSH:
         s->node->n_push++;
@@ -901,7 +902,7 @@ static dshim_status_t handle_message(server_t *s, int worker)
         close(s->worker_fds[worker]);
         s->worker_fds[worker] = -1;
         s->departed++;
-        dshim_ps_log(&s->node->env, s->node->rank, 1, "worker %d left", worker);
+        DSHIM_PS_INFO(&s->node->env, s->node->rank, "worker %d left", worker);
         if (s->departed == s->node->env.num_workers) {
             s->stop = 1; /* every worker left without kStopServer (SetBarrierBeforeExit(0)) */
             s->all_left = 1;
@@ -935,7 +936,7 @@ static void accept_worker(server_t *s)
     dshim_net_tune(fd, 4u << 20);
     s->worker_fds[h.key] = fd;
     s->nconnected++;
-    dshim_ps_log(&s->node->env, s->node->rank, 1, "worker %d connected", h.key);
+    DSHIM_PS_INFO(&s->node->env, s->node->rank, "worker %d connected", h.key);
 }
 
 dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_ops_t *ops_in)
@@ -998,7 +999,7 @@ dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_
             accept_worker(&s);
         }
         for (int i = 0; i < nw && st == DSHIM_OK && !s.stop; i++) {
-            if (pfds[i].fd >= 0 && (pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+            if (dshim_ps_conn_ready(&pfds[i])) {
                 st = handle_message(&s, i);
             }
         }

@@ -13,6 +13,7 @@
 #include <arpa/inet.h>
 
 #include "net.h"
+#include "ps_log.h"
 #include "ps_proto.h"
 #include "status.h"
 
@@ -52,7 +53,7 @@ dshim_status_t dshim_ps_worker_connect(dshim_ps_node_t *node)
         dshim_ps_hdr_t h;
         dshim_ps_hdr_init(&h, DSHIM_PS_MSG_WHELLO, node->rank, sizeof(node->env.token));
         DSHIM_CHECK(dshim_ps_send(node->server_fds[i], &h, node->env.token, deadline));
-        dshim_ps_log(&node->env, node->rank, 1, "connected to server %d at %s:%d", i, ip, node->servers[i].port);
+        DSHIM_PS_INFO(&node->env, node->rank, "connected to server %d at %s:%d", i, ip, node->servers[i].port);
     }
     if (pipe2(node->recv_pipe, O_CLOEXEC | O_NONBLOCK) != 0 ||
         pthread_create(&node->receiver, NULL, receiver_main, node) != 0) {
@@ -218,8 +219,8 @@ static dshim_status_t read_answer(dshim_ps_node_t *node, int server)
     dshim_ps_pending_t *p = find_pending(node, server, h.seq);
     if (h.type != DSHIM_PS_MSG_REPLY || p == NULL) {
         /* a request forgotten after an error (dshim_ps_worker_drop) */
-        dshim_ps_log(&node->env, node->rank, 2, "dropped %s seq %u from server %d", dshim_ps_msg_name(h.type),
-                     h.seq, server);
+        DSHIM_PS_TRACE(&node->env, node->rank, "dropped %s seq %u from server %d", dshim_ps_msg_name(h.type),
+                       h.seq, server);
         return dshim_ps_skip_body(fd, h.len, deadline);
     }
     if (p->out != NULL && h.len != p->out_len) {
@@ -235,8 +236,8 @@ static dshim_status_t read_answer(dshim_ps_node_t *node, int server)
         return st;
     }
     node->bytes_in += h.len;
-    dshim_ps_log(&node->env, node->rank, 2, "REPLY seq %u (%llu bytes) <- server %d", h.seq,
-                 (unsigned long long)h.len, server);
+    DSHIM_PS_TRACE(&node->env, node->rank, "REPLY seq %u (%llu bytes) <- server %d", h.seq,
+                   (unsigned long long)h.len, server);
     pthread_mutex_lock(&node->pend_mu);
     p = take_pending(node, server, h.seq);
     pthread_mutex_unlock(&node->pend_mu);
@@ -274,7 +275,7 @@ static void *receiver_main(void *arg)
             return NULL;
         }
         for (int i = 0; i < ns; i++) {
-            if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+            if (!dshim_ps_conn_ready(&pfds[i])) {
                 continue;
             }
             dshim_status_t st = read_answer(node, i);
@@ -363,8 +364,8 @@ static dshim_status_t failed_status(dshim_ps_node_t *node)
 
 static dshim_status_t send_to(dshim_ps_node_t *node, int server, dshim_ps_hdr_t *h, const void *payload)
 {
-    dshim_ps_log(&node->env, node->rank, 2, "%s key %d (%llu bytes, seq %u) -> server %d", dshim_ps_msg_name(h->type),
-                 h->key, (unsigned long long)h->len, h->seq, server);
+    DSHIM_PS_TRACE(&node->env, node->rank, "%s key %d (%llu bytes, seq %u) -> server %d", dshim_ps_msg_name(h->type),
+                   h->key, (unsigned long long)h->len, h->seq, server);
     DSHIM_CHECK(failed_status(node));
     pthread_mutex_lock(&node->send_mu);
     dshim_status_t st = dshim_ps_send(node->server_fds[server], h, payload, dshim_now() + node->env.timeout_s);
@@ -591,8 +592,8 @@ dshim_status_t dshim_ps_worker_wait_all(dshim_ps_node_t *node)
             /* TCP loses nothing while the connection lives (a broken one is a
              * death, reported by the receiver); PS_RESEND bounds the silence */
             resends++;
-            dshim_ps_log(&node->env, node->rank, 1, "no answer from server %d (PS_RESEND try %d of 10)", srv,
-                         resends);
+            DSHIM_PS_INFO(&node->env, node->rank, "no answer from server %d (PS_RESEND try %d of 10)", srv,
+                          resends);
             if (resends >= 10) {
                 pthread_mutex_unlock(&node->pend_mu);
                 return dshim_error(DSHIM_ERR_TIMEOUT, "worker %d: server %d (host %s) did not answer after 10 tries "

@@ -1,4 +1,4 @@
-"""dshim's 2-bit gradient compression (shim/ps_twobit.*) against the real MXNet 1.9.1.
+"""dshim's 2-bit gradient compression (shim/ps/ps_twobit.*) against the real MXNet 1.9.1.
 
 MXNet 1.9.1 registers no operator for its quantizer, so the test calls MXNet's own
 mxnet::kvstore::GradientCompression (exported from libmxnet.so) through ctypes: the
@@ -136,7 +136,7 @@ def build_shim(tmpdir, codec_only):
     src = HERE / "twobit_exact_shim.c"
     so = tmpdir / ("twobit_codec_native.so" if codec_only else "twobit_core.so")
     cmd = ["cc", "-std=gnu11", "-shared", "-fPIC", "-Wall", "-Werror",
-           f"-I{REPO / 'include'}", f"-I{REPO / 'shim'}", "-o", str(so)]
+           f"-I{REPO / 'include'}", f"-I{REPO / 'shim/ps'}", "-o", str(so)]
     if codec_only:
         cmd += ["-O3", "-march=native", "-DTWOBIT_CODEC_ONLY", str(src), str(REPO / "shim/ps/ps_twobit.c")]
     else:

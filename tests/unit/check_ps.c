@@ -1,13 +1,15 @@
 /*
- * dshim's parameter server (shim/ps_*.c) without MXNet, in forked processes:
+ * dshim's parameter server (shim/ps) without MXNet, in forked processes:
  * a scheduler, servers with the plain memory store, and workers.  Sync mode
  * sums every worker's push before answering, the first push initialises a key,
  * async mode without an updater is refused with a message, sharded keys,
  * pushpulls in pieces (DSHIM_PS_PIECE), pieces and whole pushes of one key in
  * one round, workers that cut a key differently (an error, not a wrong sum),
  * a command the servers refuse (that call fails, the job goes on),
- * and a killed worker ends every other process with an error naming it.  (The real
- * MXNet runs in tests/mxnet; this covers the protocol in the sanitizer builds.)
+ * and a killed worker ends every other process with an error naming it; the
+ * sums of every MXNet dtype (merged + recved, through the reduce backend) and
+ * PS_VERBOSE's lines in dshim's log.  (The real MXNet runs in tests/mxnet;
+ * this covers the protocol in the sanitizer builds.)
  */
 #include <check.h>
 #include <signal.h>
@@ -23,6 +25,8 @@
 #include "ck_free_port.h"
 #include "net.h"
 #include "ps.h"
+#include "ps_log.h"
+#include "reduce/reduce.h"
 
 static int sleeper_pipe[2] = {-1, -1}; /* the parked worker (or server) writes its pid here */
 /* 1: the server parks after the start-up barrier (the test kills it) and the
@@ -572,6 +576,113 @@ START_TEST(requests_to_a_dead_server_end_once)
 }
 END_TEST
 
+/* merged + recved element by element, in MXNet's dtype, the way MXNet's
+ * server computes it (half types widened, summed in float, rounded once) */
+static void reference_sum(void *merged, const void *recved, size_t n, int dtype)
+{
+    for (size_t i = 0; i < n; i++) {
+        switch (dtype) {
+        case 0: ((float *)merged)[i] += ((const float *)recved)[i]; break;
+        case 1: ((double *)merged)[i] += ((const double *)recved)[i]; break;
+        case 2: {
+            uint16_t *m = merged;
+            m[i] = dshim_float_to_half(dshim_half_to_float(m[i]) + dshim_half_to_float(((const uint16_t *)recved)[i]));
+            break;
+        }
+        case 3: ((uint8_t *)merged)[i] = (uint8_t)(((uint8_t *)merged)[i] + ((const uint8_t *)recved)[i]); break;
+        case 4: ((uint32_t *)merged)[i] += ((const uint32_t *)recved)[i]; break; /* wraps */
+        case 5: ((uint8_t *)merged)[i] = (uint8_t)(((uint8_t *)merged)[i] + ((const uint8_t *)recved)[i]); break;
+        case 6: ((uint64_t *)merged)[i] += ((const uint64_t *)recved)[i]; break;
+        case 12: {
+            uint16_t *m = merged;
+            m[i] = dshim_float_to_bf16(dshim_bf16_to_float(m[i]) + dshim_bf16_to_float(((const uint16_t *)recved)[i]));
+            break;
+        }
+        }
+    }
+}
+
+/* a value of dtype that is no NaN (whose payload x86 picks by operand order) */
+static void fill_values(unsigned char *p, size_t n, int dtype, unsigned seed)
+{
+    size_t es = dshim_ps_dtype_size(dtype);
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        double v = (double)((int)(seed >> 8) % 200001 - 100000) / 64.0;
+        switch (dtype) {
+        case 0: ((float *)p)[i] = (float)v; break;
+        case 1: ((double *)p)[i] = v * 1e-3; break;
+        case 2: ((uint16_t *)p)[i] = dshim_float_to_half((float)v / 64.0f); break;
+        case 12: ((uint16_t *)p)[i] = dshim_float_to_bf16((float)v); break;
+        default: { /* any bits: sums wrap */
+            uint64_t bits = (uint64_t)seed * 0x9e3779b97f4a7c15ull;
+            memcpy(p + i * es, &bits, es);
+            break;
+        }
+        }
+    }
+}
+
+START_TEST(every_mxnet_dtype_sums_as_merged_plus_recved)
+{
+    static const int dtypes[] = {0, 1, 2, 3, 4, 5, 6, 12};
+    const size_t n = 1000; /* odd tails for every vector width */
+    for (size_t d = 0; d < sizeof(dtypes) / sizeof(dtypes[0]); d++) {
+        int dtype = dtypes[d];
+        size_t bytes = n * dshim_ps_dtype_size(dtype);
+        unsigned char *merged = malloc(bytes), *recved = malloc(bytes), *want = malloc(bytes);
+        ck_assert(merged && recved && want);
+        fill_values(merged, n, dtype, 7u + (unsigned)d);
+        fill_values(recved, n, dtype, 1000u + (unsigned)d);
+        memcpy(want, merged, bytes);
+        reference_sum(want, recved, n, dtype);
+        ck_assert_int_eq(dshim_ps_add(merged, recved, n, dtype), DSHIM_OK);
+        ck_assert_msg(memcmp(merged, want, bytes) == 0, "MXNet dtype %d: the sum differs from merged + recved", dtype);
+        free(merged);
+        free(recved);
+        free(want);
+    }
+    float x = 1, y = 2;
+    ck_assert_int_eq(dshim_ps_add(&x, &y, 1, 7), DSHIM_ERR_UNSUPPORTED); /* bool: MXNet has no sum either */
+    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "cannot sum arrays of MXNet dtype 7"));
+}
+END_TEST
+
+/* PS_VERBOSE keeps ps-lite's meaning (1: INFO lines, 2: also TRACE) on top of
+ * DSHIM_DEBUG, and the lines are dshim's (level, then the role and rank). */
+START_TEST(ps_verbose_lines_go_through_dshims_log)
+{
+    dshim_ps_env_t e = make_env(DSHIM_PS_WORKER, 1, 1, 1);
+    dshim_log_init();
+    dshim_log_level_current = DSHIM_LOG_WARN; /* DSHIM_DEBUG's default, whatever the caller's environment */
+    ck_assert(!dshim_ps_log_on(&e, DSHIM_LOG_INFO));
+    e.verbose = 1;
+    ck_assert(dshim_ps_log_on(&e, DSHIM_LOG_INFO) && !dshim_ps_log_on(&e, DSHIM_LOG_TRACE));
+    e.verbose = 2;
+    ck_assert(dshim_ps_log_on(&e, DSHIM_LOG_TRACE));
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    int saved = dup(2);
+    dup2(p[1], 2);
+    DSHIM_PS_INFO(&e, 3, "registered: rank %d", 3);
+    e.role = DSHIM_PS_SCHEDULER;
+    e.verbose = 0;
+    DSHIM_PS_INFO(&e, -1, "not shown at PS_VERBOSE=0");
+    e.verbose = 1;
+    DSHIM_PS_INFO(&e, -1, "all %d workers registered", 2);
+    dup2(saved, 2);
+    close(saved);
+    close(p[1]);
+    char out[2048] = "";
+    ssize_t got = read(p[0], out, sizeof(out) - 1);
+    close(p[0]);
+    ck_assert(got > 0);
+    ck_assert_msg(strstr(out, "DSHIM INFO [dshim-ps worker 3] registered: rank 3\n") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "DSHIM INFO [dshim-ps scheduler] all 2 workers registered\n") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, "not shown") == NULL, "%s", out);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("ps");
@@ -588,6 +699,8 @@ int main(void)
     tcase_add_test(tc, row_sparse_row_outside_a_part_is_refused);
     tcase_add_test(tc, killed_worker_ends_everyone);
     tcase_add_test(tc, requests_to_a_dead_server_end_once);
+    tcase_add_test(tc, every_mxnet_dtype_sums_as_merged_plus_recved);
+    tcase_add_test(tc, ps_verbose_lines_go_through_dshims_log);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_ENV);

@@ -1,5 +1,5 @@
 /*
- * Unit tests of MXNet's 2-bit gradient compression codec (shim/ps_twobit.{h,c}) and its
+ * Unit tests of MXNet's 2-bit gradient compression codec (shim/ps/ps_twobit.{h,c}) and its
  * parameters (shim/ps/ps_twobit_params.c).
  *
  * Hand-computed cases pin the bit layout, the thresholds' edges, tails, residual
