@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# libdshim.so exports only the public API (dshim_*): everything else stays
-# hidden so that preloading it never shadows a symbol of the application.
+# libdshim.so exports only the public API (dshim_*) and the hooks' framework
+# symbols: everything else stays hidden so that preloading it never shadows a symbol of the application.
 set -euo pipefail
 lib=$1
-# (hooks/mxnet exports dlsym, which forwards to glibc's: see hooks/mxnet/dlsym.c)
+# (shim/interpose exports dlsym, which forwards to glibc's: see shim/interpose/dlsym.c)
 # (hooks/nccl exports the NCCL C API, nccl*/pnccl*: checked by tests/nccl/check_nccl_exports.sh)
 bad=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVW]$/ {print $3}' | grep -v '^dshim_' | grep -vE '^p?nccl[A-Z]' | grep -vx 'dlsym' || true)
 if [ -n "$bad" ]; then
