@@ -248,6 +248,39 @@ DSHIM_EXPORT void dshim_print_config(void *file);
  * Returns 0, or -1 for a name that is not in the table. */
 DSHIM_EXPORT int dshim_config_get(const char *name, char *buf, size_t len);
 
+/* ---- device buffers of a CUDA program (shim/gpu) ------------------------
+ * How a framework binding (the torch backend) stages device tensors through
+ * pinned host memory in stream order.  dshim uses the CUDA runtime the
+ * process already loaded and never loads one into a CPU-only program. */
+
+/* 1 when the process has a CUDA runtime loaded, else 0. */
+DSHIM_EXPORT int dshim_gpu_available(void);
+/* A pinned host block of at least `bytes` bytes from dshim's process-wide
+ * staging pool: *host_p is its memory, the result its handle for
+ * dshim_gpu_stage_put.  NULL (the error recorded) without CUDA or when
+ * pinning failed. */
+DSHIM_EXPORT void *dshim_gpu_stage_get(size_t bytes, void **host_p);
+/* Gives a block back to the pool; nothing, no queued copy either, may use
+ * it any more.  NULL is ignored. */
+DSHIM_EXPORT void dshim_gpu_stage_put(void *block);
+/* Queues a copy of `bytes` between host and device memory (the direction
+ * comes from the pointers) on `stream`, a cudaStream_t of device `device`
+ * (NULL: the legacy default stream): it runs after the work queued there
+ * before it, and the work queued after it sees its result.  Does not wait. */
+DSHIM_EXPORT dshim_status_t dshim_gpu_copy_async(void *dst, const void *src, size_t bytes, int device,
+                                                 void *stream);
+/* Waits until the work queued on `stream` of device `device` is done. */
+DSHIM_EXPORT dshim_status_t dshim_gpu_stream_sync(int device, void *stream);
+
+/* dst[i] = src[i] * *scalar over host memory: the local half of a
+ * pre-multiplied sum (torch's PREMUL_SUM, NCCL's ncclRedOpCreatePreMulSum),
+ * through comm's reduction backend.  scalar points to one value of dtype.
+ * Integers wrap; float16/bfloat16/fp8 are widened to float, multiplied and
+ * rounded back once (torch's mul_ by that value gives the same bits).  dst
+ * may alias src exactly.  Local: no communication, any thread. */
+DSHIM_EXPORT dshim_status_t dshim_scale_mul(dshim_comm_t *comm, void *dst, const void *src, size_t count,
+                                            dshim_dtype_t dtype, const void *scalar);
+
 #ifdef __cplusplus
 }
 #endif

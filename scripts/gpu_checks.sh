@@ -36,7 +36,7 @@ prepare() {
     mkdir -p "$DEPS/cudart"
     local f lib path
     # libdshim.so needs libunwind (+ liblzma); the Check test programs need libsubunit
-    for f in "$LIB" "$BUILD/bin/check_reduce_cuda" "$BUILD/bin/check_reduce_cuda_host"; do
+    for f in "$LIB" "$BUILD/bin/check_reduce_cuda" "$BUILD/bin/check_reduce_cuda_host" "$BUILD/bin/check_gpu_module"; do
         [ -e "$f" ] || continue
         for lib in libunwind.so.8 liblzma.so.5 libsubunit.so.0; do
             path=$(ldd "$f" 2>/dev/null | awk -v l="$lib" '$1 == l && $3 ~ /^\// {print $3}')
@@ -196,8 +196,9 @@ STEPS_ALL="reduce-tests cuda-bench torch-backend-cuda nccl-ddp-np2 nccl-ddp-np4 
 nccl-ddp-np2-staged-chunks ddp-dshim-np2 ddp-dshim-np4 ddp-nccl-preload-np2 ddp-nccl-preload-np4
 sweep-nccl-preload-np2 sweep-nccl-staged-np2 sweep-nccl-staged-chunks-np2 sweep-dshim-np2"
 
-# the CUDA kernels against the cpu kernels, bit for bit (tests/gpu): ctest -L gpu where this
-# build's ctest files point at this tree, else the test programs themselves
+# the CUDA kernels against the cpu kernels, bit for bit, and shim/gpu's staging calls on the device
+# (tests/gpu): ctest -L gpu where this build's ctest files point at this tree, else the test
+# programs themselves
 step_reduce-tests() {
     local home rc
     home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)
@@ -210,23 +211,28 @@ step_reduce-tests() {
             exit 1
         fi
         # ctest counts a skipped test as passed: PASS only when the device test really ran
-        if grep -Eq 'gpu\.check_reduce_cuda \.+\*+Skipped' "$OUT/logs/ctest-gpu.txt"; then
-            note "ctest -L gpu: nothing failed, but gpu.check_reduce_cuda skipped (no device)"
+        if grep -Eq 'gpu\.(check_reduce_cuda|check_gpu_module_device) \.+\*+Skipped' "$OUT/logs/ctest-gpu.txt"; then
+            note "ctest -L gpu: nothing failed, but a device test skipped (no device)"
             exit $SKIP
         fi
         note "ctest -L gpu: passed"
         exit 0
     fi
     echo "no ctest, or $BUILD was configured for '$home', not $ROOT: running the test programs"
-    local host=$SKIP dev=$SKIP
+    local host=$SKIP dev=$SKIP module=$SKIP
     if [ -x "$BUILD/bin/check_reduce_cuda_host" ]; then
         CK_DEFAULT_TIMEOUT=120 "$BUILD/bin/check_reduce_cuda_host"
         host=$?
     fi
     "$BUILD/bin/check_reduce_cuda"
     dev=$?
-    note "check_reduce_cuda_host exit $host, check_reduce_cuda exit $dev (77 = skipped)"
+    if [ -x "$BUILD/bin/check_gpu_module" ]; then
+        "$BUILD/bin/check_gpu_module" && "$BUILD/bin/check_gpu_module" device
+        module=$?
+    fi
+    note "check_reduce_cuda_host exit $host, check_reduce_cuda exit $dev, check_gpu_module exit $module (77 = skipped)"
     if [ $host -ne 0 ] && [ $host -ne $SKIP ]; then exit 1; fi
+    if [ $module -ne 0 ] && [ $module -ne $SKIP ]; then exit 1; fi
     exit $dev
 }
 

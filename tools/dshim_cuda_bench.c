@@ -10,9 +10,9 @@
  * copy of n*s bytes reads and writes them, 2*n*s.  "size" is the bytes of
  * one operand.
  *
- * Like the GPU tests it builds without CUDA headers: the backend comes from
- * dshim_reduce_cuda_load() and device memory from the dshim_cuda_test_*
- * helpers of libdshim-cuda.so.  Exit codes: 0 every checked kernel met the
+ * Like the GPU tests it builds without CUDA headers: the kernels are reached
+ * through shim/gpu (gpu_reduce.h) and device memory through the
+ * dshim_cuda_test_* helpers of libdshim-cuda.so.  Exit codes: 0 every checked kernel met the
  * target, 1 one did not (or a CUDA call failed), 2 bad usage, 77 no
  * libdshim-cuda.so, CUDA runtime or device here (skipped).
  *
@@ -26,14 +26,12 @@
 
 #include "dshim.h"
 #include "log.h"
+#include "gpu_reduce.h"
 #include "reduce/cuda/reduce_cuda.h"
-#include "cuda_loader.h"
-#include "reduce/reduce.h"
 
 #define SKIP_CODE 77
 #define MIB ((size_t)1 << 20)
 
-static const dshim_reduce_ops_t *gpu;
 static dshim_cuda_test_alloc_fn dev_alloc;
 static dshim_cuda_test_free_fn dev_free;
 static dshim_cuda_test_copy_fn dev_copy;
@@ -66,9 +64,9 @@ static dshim_status_t run_once(const work_t *w)
     case W_COPY:
         return dev_copy(d_dst, d_a, w->bytes);
     case W_REDUCE:
-        return gpu->reduce(d_dst, d_a, d_b, count, w->dtype, w->op, NULL);
+        return dshim_gpu_reduce(d_dst, d_a, d_b, count, w->dtype, w->op, NULL);
     case W_SCALE:
-        return gpu->scale_div(d_dst, count, w->dtype, 3, NULL);
+        return dshim_gpu_scale_div(d_dst, count, w->dtype, 3, NULL);
     }
     return DSHIM_ERR_INVALID;
 }
@@ -247,20 +245,20 @@ int main(int argc, char **argv)
     if (dshim_log_level_current < DSHIM_LOG_INFO) {
         dshim_log_level_current = DSHIM_LOG_INFO;
     }
-    gpu = dshim_reduce_cuda_load();
+    int loaded = dshim_gpu_kernels_loaded();
     dshim_log_level_current = saved_level;
-    if (gpu == NULL) {
+    if (!loaded) {
         printf("dshim-cuda-bench: SKIP: no CUDA reduction backend here (%s, the CUDA runtime or a "
                "CUDA device is missing; the loader's reason is the line above)\n",
                DSHIM_CUDA_LIB_NAME);
         return SKIP_CODE;
     }
-    dev_alloc = (dshim_cuda_test_alloc_fn)dshim_reduce_cuda_symbol("dshim_cuda_test_alloc");
-    dev_free = (dshim_cuda_test_free_fn)dshim_reduce_cuda_symbol("dshim_cuda_test_free");
-    dev_copy = (dshim_cuda_test_copy_fn)dshim_reduce_cuda_symbol("dshim_cuda_test_copy");
-    dev_sync = (dshim_cuda_test_sync_fn)dshim_reduce_cuda_symbol("dshim_cuda_test_sync");
+    dev_alloc = (dshim_cuda_test_alloc_fn)dshim_gpu_kernels_symbol("dshim_cuda_test_alloc");
+    dev_free = (dshim_cuda_test_free_fn)dshim_gpu_kernels_symbol("dshim_cuda_test_free");
+    dev_copy = (dshim_cuda_test_copy_fn)dshim_gpu_kernels_symbol("dshim_cuda_test_copy");
+    dev_sync = (dshim_cuda_test_sync_fn)dshim_gpu_kernels_symbol("dshim_cuda_test_sync");
     dev_describe =
-        (dshim_cuda_test_describe_fn)dshim_reduce_cuda_symbol("dshim_cuda_test_describe");
+        (dshim_cuda_test_describe_fn)dshim_gpu_kernels_symbol("dshim_cuda_test_describe");
     if (!dev_alloc || !dev_free || !dev_copy || !dev_sync || !dev_describe) {
         printf("dshim-cuda-bench: FAIL: %s lacks the dshim_cuda_test_* helpers; rebuild it with "
                "this version of dshim\n", DSHIM_CUDA_LIB_NAME);

@@ -1,11 +1,41 @@
 /*
- * Transport interface: an ordered, reliable byte stream to one peer.
+ * Transport interface: everything the core does with a way of moving bytes
+ * between two ranks, from setting it up for a communicator to waiting on it.
+ * The core (shim/comm) sees transports only through this header: it picks
+ * one per peer from the registry, connects through it, moves bytes through
+ * its connections and sleeps through the waiter, and never asks which
+ * transport it holds.
  *
- * The collective engine (shim/) drives every connection of a communicator
- * from one thread at a time, so implementations need no locking.  All calls
- * are non-blocking: they move what they can and report how much.
+ * Life of a transport in one communicator (bootstrap order):
+ *  - setup (optional, only when the communicator has several ranks and
+ *    DSHIM_TRANSPORT allows the transport): makes this rank's resources and
+ *    writes what peers need to reach them into `addr` (published in this
+ *    rank's peer record; "" when nothing).  Unavailable resources are not an
+ *    error: the transport warns, returns DSHIM_OK with *state_p = NULL and
+ *    then reaches nobody, so the peers it would have served fall back.
+ *  - reaches (optional, NULL = every peer): whether connect can serve this
+ *    peer, from its peer record.
+ *  - connect: makes the connection to one peer over `fd`, the TCP socket the
+ *    bootstrap handshook with it (non-blocking).  Takes ownership of fd on
+ *    success only.
+ *  - connected (optional): called after every rank connected (the bootstrap
+ *    holds a store barrier named after the transport first, in which every
+ *    rank that set it up takes part, even one whose setup found it
+ *    unavailable); shm removes its segment file here.
+ *  - teardown (optional): frees the state, after every connection is gone.
  *
- * Contract:
+ * Waiting.  A transport whose arrivals show on the connection's socket (tcp)
+ * leaves wait_arm/wait NULL: the engine polls that socket, POLLIN to receive
+ * and POLLOUT to send.  A transport with a wake-up of its own (shm's
+ * doorbell) gives both; its sockets then only serve to notice the peer's
+ * death.  The engine arms before every round of progress and sleeps with the
+ * armed value when the round moved nothing, so a wake-up between the two is
+ * never lost (see dshim_waiter_t).
+ *
+ * Connections.  The collective engine drives every connection of a
+ * communicator from one thread at a time, so implementations need no
+ * locking.  All calls are non-blocking: they move what they can and report
+ * how much.
  *  - send: copies up to len bytes from buf into the stream; *n_p = bytes
  *    taken (0 when the stream is full).  Never blocks.
  *  - recv: copies up to len received bytes into buf; *n_p = bytes given
@@ -19,44 +49,151 @@
  *    send or recv over two buffers in one call, `a` first; *n_p counts bytes
  *    of both.  TCP uses them to put a message's header and the start of its
  *    payload into one system call (and one segment) instead of two.
+ *  - recv_ahead (optional, NULL = recv): recv of bytes (a message header)
+ *    that the engine follows with peek (to reduce the payload in place): a
+ *    transport that peeks through a staging buffer fills it first, so the
+ *    header and the payload's start arrive in one system call (TCP).
+ *  - recv_stream (optional, NULL = recv): recv into a destination that
+ *    belongs to `span` bytes of data (the message, or the collective it is a
+ *    piece of); when span is too large for the cache the transport may copy
+ *    with non-temporal stores (shm, from DSHIM_SHM_STREAM_MIN).
+ *  - hung_up: non-zero when the peer is known to be gone (closed its end).
+ *    Costs a system call: for slow paths only.
  *  - A dead or closed peer: DSHIM_ERR_PEER with a message naming the peer.
  *    Bytes that do not make sense are the engine's business (framing).
  *  - Streams carry only multiples of 8 bytes per message (the engine pads),
  *    so an element of <= 8 bytes never straddles a ring wrap.
- *  - Every connection has `fd`, a TCP socket to the same peer.  For "tcp" it
- *    is the data socket; for "shm" it is an idle control socket that only
- *    serves to notice the peer's death (EOF / POLLHUP) while waiting.
+ *  - Every connection has `fd`, the TCP socket to the same peer.  For "tcp"
+ *    it is the data socket; for "shm" it is an idle control socket that only
+ *    serves to notice the peer's death (EOF / POLLHUP) while waiting.  The
+ *    core shuts it down to make the peer notice a failure at once.
+ *
+ * Registry: the transports in order of preference (backends/transport/
+ * registry.c).  DSHIM_TRANSPORT=auto uses, for each peer, the first one that
+ * reaches it; DSHIM_TRANSPORT=<name> only that one (a host-local one with a
+ * peer on another host is an error), and the fallback (tcp, which reaches
+ * every peer over the handshaken socket) where it cannot serve a peer.
  */
 #ifndef DSHIM_TRANSPORT_H
 #define DSHIM_TRANSPORT_H
 
+#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "dshim.h"
 
-typedef struct dshim_conn dshim_conn_t;
+#define DSHIM_TRANSPORT_MAX      4   /* registry entries */
+#define DSHIM_TRANSPORT_ADDR_LEN 64  /* bytes of the peer record each transport may publish into */
 
-typedef struct dshim_transport_ops {
-    const char *name;  /* "tcp" | "shm" */
+typedef struct dshim_conn dshim_conn_t;
+typedef struct dshim_transport dshim_transport_t;
+
+/* What a transport's setup learns about the communicator. */
+typedef struct dshim_transport_comm {
+    int rank, size;
+    uint64_t comm_hash;  /* hash of the job token and the communicator: names its resources */
+} dshim_transport_comm_t;
+
+/* What reaches/connect learn about one peer. */
+typedef struct dshim_transport_peer {
+    int rank;
+    int same_host;       /* same host id (host, boot and network namespace; DSHIM_HOST_ID) */
+    uint32_t ip, my_ip;  /* the peer's and this rank's data addresses, network byte order */
+    const char *addr;    /* what the peer's setup of this transport published ("" when nothing) */
+} dshim_transport_peer_t;
+
+struct dshim_transport {
+    const char *name;  /* DSHIM_TRANSPORT value and dshim_comm_transport() word */
+    int host_local;    /* reaches only ranks of this host */
+
+    /* per communicator */
+    dshim_status_t (*setup)(const dshim_transport_comm_t *comm, void **state_p, char *addr, size_t addr_len);
+    int (*reaches)(void *state, const dshim_transport_peer_t *peer);
+    dshim_status_t (*connect)(void *state, const dshim_transport_peer_t *peer, int fd, dshim_conn_t **conn_p);
+    void (*connected)(void *state);
+    void (*teardown)(void *state);
+
+    /* waiting (both or neither) */
+    uint32_t (*wait_arm)(void *state);
+    dshim_status_t (*wait)(void *state, uint32_t armed, long timeout_us); /* < 0: until woken; wake = OK */
+
+    /* per connection */
     dshim_status_t (*send)(dshim_conn_t *c, const void *buf, size_t len, size_t *n_p);
     dshim_status_t (*recv)(dshim_conn_t *c, void *buf, size_t len, size_t *n_p);
     dshim_status_t (*peek)(dshim_conn_t *c, const void **ptr_p, size_t *avail_p);
     dshim_status_t (*consume)(dshim_conn_t *c, size_t n);
     dshim_status_t (*send2)(dshim_conn_t *c, const void *a, size_t alen, const void *b, size_t blen, size_t *n_p);
     dshim_status_t (*recv2)(dshim_conn_t *c, void *a, size_t alen, void *b, size_t blen, size_t *n_p);
+    dshim_status_t (*recv_ahead)(dshim_conn_t *c, void *buf, size_t len, size_t *n_p);
+    dshim_status_t (*recv_stream)(dshim_conn_t *c, void *buf, size_t len, size_t span, size_t *n_p);
+    int (*hung_up)(dshim_conn_t *c);
     void (*destroy)(dshim_conn_t *c);
-} dshim_transport_ops_t;
+};
 
 /* Common head of every connection; implementations embed it first. */
 struct dshim_conn {
-    const dshim_transport_ops_t *ops;
+    const dshim_transport_t *ops;
     int peer;       /* peer rank in the communicator */
     int fd;         /* TCP socket to the peer (data for tcp, control for shm) */
-    int is_shm;     /* waiting strategy: 1 = doorbell futex, 0 = poll(fd) */
     uint64_t bytes_sent, bytes_received;
 };
 
-/* TCP: takes ownership of a connected, handshaken socket. */
-dshim_status_t dshim_tcp_conn_create(int fd, int peer, size_t staging_bytes, dshim_conn_t **conn_p);
+/* ---- registry ----------------------------------------------------------- */
+
+int dshim_transport_count(void);
+const dshim_transport_t *dshim_transport_at(int index);
+/* Registry index of `name` (any case); -1 when there is none. */
+int dshim_transport_index(const char *name);
+/* Registry index of the transport that reaches every peer (tcp). */
+int dshim_transport_fallback(void);
+/* "auto, shm, tcp": the values DSHIM_TRANSPORT accepts, for messages. */
+void dshim_transport_choices(char *out, size_t len);
+
+/* ---- waiting -----------------------------------------------------------
+ * The waiter of a communicator knows the transports in use that have a
+ * wake-up of their own.  The engine arms it before each round of progress
+ * (hot path: one call per such transport, no system call), and when a round
+ * moved nothing it lists the connections it is blocked on in a wait set and
+ * sleeps on it. */
+
+typedef struct dshim_waiter {
+    int n;
+    const dshim_transport_t *transport[DSHIM_TRANSPORT_MAX];
+    void *state[DSHIM_TRANSPORT_MAX];
+    uint32_t armed[DSHIM_TRANSPORT_MAX];
+} dshim_waiter_t;
+
+#define DSHIM_WAIT_SET_MAX 64
+
+typedef struct dshim_wait_set {
+    struct pollfd pfd[DSHIM_WAIT_SET_MAX];
+    dshim_conn_t *conn[DSHIM_WAIT_SET_MAX];
+    int n;
+    int by_socket;      /* entries whose socket itself signals data or room */
+    unsigned wake_ups;  /* bit i: a connection of the waiter's transport i is waited on */
+} dshim_wait_set_t;
+
+/* Records t (with its per-communicator state) when it has a wake-up of its own. */
+void dshim_waiter_add(dshim_waiter_t *w, const dshim_transport_t *t, void *state);
+
+static inline void dshim_waiter_arm(dshim_waiter_t *w)
+{
+    for (int i = 0; i < w->n; i++) {
+        w->armed[i] = w->transport[i]->wait_arm(w->state[i]);
+    }
+}
+
+void dshim_wait_set_init(dshim_wait_set_t *ws);
+static inline int dshim_wait_set_full(const dshim_wait_set_t *ws)
+{
+    return ws->n >= DSHIM_WAIT_SET_MAX;
+}
+/* Adds connection c, blocked on sending (room) or on receiving (data). */
+void dshim_wait_set_add(dshim_wait_set_t *ws, const dshim_waiter_t *w, dshim_conn_t *c, int sending);
+/* Sleeps until something in ws may have changed or timeout_ms passed: on
+ * the wake-up of a transport that has one (only 1 ms when sockets must be
+ * watched too), then on the sockets.  DSHIM_ERR_PEER when a peer whose
+ * socket only signals death closed it (or wrote to it). */
+dshim_status_t dshim_waiter_sleep(dshim_waiter_t *w, dshim_wait_set_t *ws, int timeout_ms);
 
 #endif

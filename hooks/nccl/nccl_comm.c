@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu_runtime.h"
 #include "nccl/nccl_internal.h"
 #include "status.h"
 
@@ -234,7 +235,7 @@ static ncclResult_t init_rank(ncclComm_t *newcomm, int nranks, const ncclUniqueI
     if (res != ncclSuccess) {
         return res;
     }
-    struct ncclComm *c = comm_alloc(rank, nranks, blocking, dshim_nccl_cuda_current_device());
+    struct ncclComm *c = comm_alloc(rank, nranks, blocking, dshim_gpu_current_device());
     if (!c) {
         return dshim_nccl_fail(ncclSystemError, call, "out of memory");
     }

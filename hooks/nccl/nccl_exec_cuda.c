@@ -19,7 +19,8 @@
  * the failure is reported by ncclCommGetAsyncError.
  *
  * Other streams of the same batch are joined to S with events at both ends.
- * Staging blocks are reused once `done` has fired.
+ * Staging blocks come from a pinned pool of shim/gpu (gpu_staging.h), one
+ * per communicator, and go back to it once `done` has fired.
  *
  * A collective on device buffers whose ranks are all on this host skips the
  * staging: its copies and GPU kernels go on the caller's stream through CUDA
@@ -36,35 +37,30 @@
 #include <time.h>
 
 #include "config.h"
+#include "gpu_runtime.h"
+#include "gpu_staging.h"
 #include "log.h"
 #include "net.h"
-#include "nccl/nccl_cuda.h"
 #include "nccl/nccl_internal.h"
+#include "nccl/nccl_ipc.h"
 #include "status.h"
 
-#define MAX_FREE_BYTES ((size_t)1 << 30) /* pinned staging kept for reuse */
-#define MIN_BLOCK ((size_t)64 << 10)
-
-typedef struct pinned_block {
-    void *ptr;
-    size_t size;
-    struct pinned_block *next;
-} pinned_block_t;
+#define MAX_FREE_BYTES ((size_t)1 << 30) /* pinned staging kept for reuse, per communicator */
 
 typedef struct cuda_task {
     struct cuda_task *next;
     int n;
     dshim_nccl_op_t *ops;       /* the batch, buffers replaced by host-addressable ones */
-    pinned_block_t **blocks;    /* staging to give back once `done` fired */
+    dshim_gpu_block_t **blocks; /* staging to give back once `done` fired */
     int nblocks;
-    cudaEvent_t ready, done;
+    dshim_gpu_event_t ready, done;
     uint32_t seq;
     int enqueued;               /* the caller queued all its stream work (`done` recorded) */
     int barrier;                /* no ops: a barrier of the ranks, for nccl_ipc.c */
 } cuda_task_t;
 
 typedef struct dshim_nccl_cuda_state {
-    const dshim_nccl_cuda_api_t *api;
+    const dshim_gpu_runtime_t *api;
     struct ncclComm *comm;
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -76,8 +72,13 @@ typedef struct dshim_nccl_cuda_state {
     volatile uint32_t *flag;    /* pinned, mapped */
     void *flag_dev;
     uint32_t next_seq, completed;
-    pinned_block_t *free_blocks;
-    size_t free_bytes;
+    /* Taken by the application's thread (stage_op) only, given back by any:
+     * the pool frees blocks above its cap only in get, never in put.
+     * cudaFreeHost waits for the device, and the device may be waiting, in
+     * cuStreamWaitValue32, for a flag that only the proxy writes -- freeing
+     * there deadlocked a 256 MiB sweep.  On the application's thread the
+     * wait only stalls: queued work finishes without it. */
+    dshim_gpu_pool_t *staging;
     int hostfn_wait;            /* streams wait in host functions (DSHIM_NCCL_STREAM_WAIT) */
     dshim_nccl_ipc_t *ipc;      /* CUDA IPC among the ranks of this host */
     int ipc_state;              /* 0 not tried yet, 1 ready, -1 unavailable (every rank agrees) */
@@ -89,94 +90,20 @@ static void sleep_us(long us)
     nanosleep(&ts, NULL);
 }
 
-static ncclResult_t cuda_fail(const cuda_state_t *s, cudaError_t e, const char *what)
+static ncclResult_t cuda_fail(const cuda_state_t *s, dshim_gpu_err_t e, const char *what)
 {
-    s->api->GetLastError();
     return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: %s failed: %s", s->comm->rank, what,
-                           s->api->GetErrorString(e));
+                           dshim_gpu_error_text(s->api, e));
 }
 
 static ncclResult_t cuda_drain(struct ncclComm *comm);
 
-/* --- pinned staging ------------------------------------------------------ */
-
-/* Called by the application's thread (stage_op) only.  Blocks above the
- * cap are freed here and never by the proxy: cudaFreeHost waits for the
- * device, and the device may be waiting, in cuStreamWaitValue32, for a flag
- * that only the proxy writes -- freeing there deadlocked a 256 MiB sweep.
- * Here the wait only stalls: queued work finishes without this thread. */
-static pinned_block_t *block_get(cuda_state_t *s, size_t size)
-{
-    size_t want = MIN_BLOCK;
-    while (want < size) {
-        want *= 2;
-    }
-    pinned_block_t *best = NULL, **best_pp = NULL, *trim = NULL;
-    pthread_mutex_lock(&s->lock);
-    for (pinned_block_t **pp = &s->free_blocks; *pp; pp = &(*pp)->next) {
-        if ((*pp)->size >= size && (!best || (*pp)->size < best->size)) {
-            best = *pp;  /* the smallest that fits: large blocks stay for large ops */
-            best_pp = pp;
-        }
-    }
-    if (best) {
-        *best_pp = best->next;
-        s->free_bytes -= best->size;
-    } else {
-        /* a new block: first give back what the cap has no room for */
-        while (s->free_blocks && s->free_bytes + want > MAX_FREE_BYTES) {
-            pinned_block_t *b = s->free_blocks;
-            s->free_blocks = b->next;
-            s->free_bytes -= b->size;
-            b->next = trim;
-            trim = b;
-        }
-    }
-    pthread_mutex_unlock(&s->lock);
-    while (trim) {
-        pinned_block_t *b = trim;
-        trim = b->next;
-        s->api->FreeHost(b->ptr);
-        free(b);
-    }
-    if (best) {
-        return best;
-    }
-    pinned_block_t *b = malloc(sizeof(*b));
-    if (!b) {
-        return NULL;
-    }
-    double t0 = dshim_now();
-    if (s->api->HostAlloc(&b->ptr, want, cudaHostAllocPortable) != cudaSuccess) {
-        s->api->GetLastError();
-        free(b);
-        return NULL;
-    }
-    /* pinning can be slow (page by page under a sandboxing kernel): say so */
-    double ms = (dshim_now() - t0) * 1e3;
-    if (ms > 100) {
-        DSHIM_INFO("rank %d: pinning %zu bytes of staging took %.0f ms", s->comm->rank, want, ms);
-    } else {
-        DSHIM_TRACE("rank %d: %zu bytes of pinned staging allocated in %.1f ms", s->comm->rank, want, ms);
-    }
-    b->size = want;
-    return b;
-}
-
-/* Any thread, the proxy included: never frees (see block_get). */
-static void block_put(cuda_state_t *s, pinned_block_t *b)
-{
-    pthread_mutex_lock(&s->lock);
-    b->next = s->free_blocks;
-    s->free_blocks = b;
-    s->free_bytes += b->size;
-    pthread_mutex_unlock(&s->lock);
-}
+/* --- tasks ---------------------------------------------------------------- */
 
 static void task_free(cuda_state_t *s, cuda_task_t *t)
 {
     for (int i = 0; i < t->nblocks; i++) {
-        block_put(s, t->blocks[i]);
+        dshim_gpu_pool_put(s->staging, t->blocks[i]);
     }
     if (t->ready) {
         s->api->EventDestroy(t->ready);
@@ -200,7 +127,7 @@ static void reap(cuda_state_t *s, int wait_all)
     while (list) {
         cuda_task_t *t = list;
         list = t->next;
-        cudaError_t e = cudaErrorNotReady;
+        dshim_gpu_err_t e = DSHIM_GPU_NOT_READY;
         /* the proxy may finish a task before its caller has queued the output
          * copies and recorded `done` (an event never recorded reads as
          * complete): until the caller is through, the task is not ours */
@@ -208,17 +135,17 @@ static void reap(cuda_state_t *s, int wait_all)
             sleep_us(100);
         }
         if (__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE) && !t->done) {
-            e = cudaSuccess;  /* a barrier: no staging to wait for */
+            e = DSHIM_GPU_SUCCESS;  /* a barrier: no staging to wait for */
         } else if (__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE)) {
-            while ((e = s->api->EventQuery(t->done)) == cudaErrorNotReady && wait_all) {
+            while ((e = s->api->EventQuery(t->done)) == DSHIM_GPU_NOT_READY && wait_all) {
                 sleep_us(100);
             }
         }
-        if (e == cudaErrorNotReady) {
+        if (e == DSHIM_GPU_NOT_READY) {
             t->next = keep;
             keep = t;
         } else {
-            if (e != cudaSuccess) {
+            if (e != DSHIM_GPU_SUCCESS) {
                 s->api->GetLastError();
             }
             task_free(s, t);
@@ -258,9 +185,9 @@ static void release_stream(cuda_state_t *s, uint32_t seq)
 static void run_task(cuda_state_t *s, cuda_task_t *t)
 {
     long backoff = 1;
-    cudaError_t e = cudaSuccess;
+    dshim_gpu_err_t e = DSHIM_GPU_SUCCESS;
     double t0 = dshim_now(), said = t0;
-    while (t->ready && (e = s->api->EventQuery(t->ready)) == cudaErrorNotReady) {
+    while (t->ready && (e = s->api->EventQuery(t->ready)) == DSHIM_GPU_NOT_READY) {
         if (__atomic_load_n(&s->aborting, __ATOMIC_ACQUIRE)) {
             return;
         }
@@ -275,11 +202,10 @@ static void run_task(cuda_state_t *s, cuda_task_t *t)
         }
     }
     dshim_comm_t *dc = s->comm->dc;
-    if (e != cudaSuccess) {
+    if (e != DSHIM_GPU_SUCCESS) {
         char msg[256];
         snprintf(msg, sizeof(msg), "rank %d: waiting for the input copies failed: %s", dshim_comm_rank(dc),
-                 s->api->GetErrorString(e));
-        s->api->GetLastError();
+                 dshim_gpu_error_text(s->api, e));
         dshim_hook_fail(dc, DSHIM_ERR_SYSTEM, msg);
         return;
     }
@@ -309,7 +235,7 @@ static void *proxy_main(void *arg)
 {
     cuda_state_t *s = arg;
     dshim_log_set_rank(s->comm->rank);
-    if (s->api->SetDevice(s->comm->cuda_dev) != cudaSuccess) {
+    if (s->api->SetDevice(s->comm->cuda_dev) != DSHIM_GPU_SUCCESS) {
         s->api->GetLastError();
     }
     pthread_mutex_lock(&s->lock);
@@ -380,9 +306,9 @@ static ncclResult_t state_get(struct ncclComm *comm, cuda_state_t **s_p)
         return ncclSuccess;
     }
     const char *how = dshim_config()->nccl_stream_wait;  /* checked at init */
-    const dshim_nccl_cuda_api_t *api = dshim_nccl_cuda_api();
+    const dshim_gpu_runtime_t *api = dshim_gpu_runtime();
     cuda_state_t *s = calloc(1, sizeof(*s));
-    if (!api || !s) {
+    if (!api || !s || !(s->staging = dshim_gpu_pool_create(api, MAX_FREE_BYTES, comm->rank))) {
         free(s);
         return dshim_nccl_fail(ncclSystemError, "NCCL collective", "rank %d: no CUDA runtime or no memory",
                                comm->rank);
@@ -393,15 +319,16 @@ static ncclResult_t state_get(struct ncclComm *comm, cuda_state_t **s_p)
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     void *flag = NULL;
-    cudaError_t e = api->HostAlloc(&flag, 64, cudaHostAllocMapped | cudaHostAllocPortable);
-    if (e == cudaSuccess) {
+    dshim_gpu_err_t e = api->HostAlloc(&flag, 64, DSHIM_GPU_HOST_ALLOC_MAPPED | DSHIM_GPU_HOST_ALLOC_PORTABLE);
+    if (e == DSHIM_GPU_SUCCESS) {
         e = api->HostGetDevicePointer(&s->flag_dev, flag, 0);
     }
-    if (e != cudaSuccess) {
+    if (e != DSHIM_GPU_SUCCESS) {
         ncclResult_t r = cuda_fail(s, e, "allocating the stream flag");
         if (flag) {
             api->FreeHost(flag);
         }
+        dshim_gpu_pool_destroy(s->staging);
         free(s);
         return r;
     }
@@ -409,6 +336,7 @@ static ncclResult_t state_get(struct ncclComm *comm, cuda_state_t **s_p)
     *s->flag = 0;
     if (pthread_create(&s->proxy, NULL, proxy_main, s) != 0) {
         api->FreeHost(flag);
+        dshim_gpu_pool_destroy(s->staging);
         free(s);
         return dshim_nccl_fail(ncclSystemError, "NCCL collective", "rank %d: cannot start the CUDA proxy thread",
                                comm->rank);
@@ -419,9 +347,9 @@ static ncclResult_t state_get(struct ncclComm *comm, cuda_state_t **s_p)
     return ncclSuccess;
 }
 
-static int is_staged(int memtype)
+static int is_staged(dshim_gpu_memtype_t memtype)
 {
-    return memtype == cudaMemoryTypeDevice || memtype == cudaMemoryTypeManaged;
+    return memtype == DSHIM_GPU_MEM_DEVICE || memtype == DSHIM_GPU_MEM_MANAGED;
 }
 
 static int within(const void *p, const void *base, size_t len)
@@ -432,15 +360,15 @@ static int within(const void *p, const void *base, size_t len)
 /* Stages one op: host-addressable buffers in t->ops[i], input copies on s. */
 static ncclResult_t stage_op(cuda_state_t *s, cuda_task_t *t, int i, cudaStream_t stream)
 {
-    const dshim_nccl_cuda_api_t *a = s->api;
+    const dshim_gpu_runtime_t *a = s->api;
     dshim_nccl_op_t *o = &t->ops[i];
-    int smt = o->send_bytes ? dshim_nccl_cuda_memtype(o->sbuf) : 0;
-    int rmt = o->recv_bytes ? dshim_nccl_cuda_memtype(o->rbuf) : 0;
+    dshim_gpu_memtype_t smt = o->send_bytes ? dshim_gpu_memtype(o->sbuf) : DSHIM_GPU_MEM_UNREGISTERED;
+    dshim_gpu_memtype_t rmt = o->recv_bytes ? dshim_gpu_memtype(o->rbuf) : DSHIM_GPU_MEM_UNREGISTERED;
     const void *dev_s = o->sbuf;
     void *rstage = o->rbuf;
     const void *sstage = o->sbuf;
     if (is_staged(rmt)) {
-        pinned_block_t *b = block_get(s, o->recv_bytes);
+        dshim_gpu_block_t *b = dshim_gpu_pool_get(s->staging, o->recv_bytes);
         if (!b) {
             return dshim_nccl_fail(ncclSystemError, "NCCL collective", "no pinned memory for %zu bytes",
                                    o->recv_bytes);
@@ -452,7 +380,7 @@ static ncclResult_t stage_op(cuda_state_t *s, cuda_task_t *t, int i, cudaStream_
         if (is_staged(rmt) && within(o->sbuf, o->rbuf, o->recv_bytes)) {
             sstage = (char *)rstage + ((const char *)o->sbuf - (const char *)o->rbuf);  /* in place */
         } else {
-            pinned_block_t *b = block_get(s, o->send_bytes);
+            dshim_gpu_block_t *b = dshim_gpu_pool_get(s->staging, o->send_bytes);
             if (!b) {
                 return dshim_nccl_fail(ncclSystemError, "NCCL collective", "no pinned memory for %zu bytes",
                                        o->send_bytes);
@@ -463,21 +391,21 @@ static ncclResult_t stage_op(cuda_state_t *s, cuda_task_t *t, int i, cudaStream_
                 rstage = (char *)b->ptr + ((const char *)o->rbuf - (const char *)o->sbuf);
             }
         }
-        cudaError_t e = a->MemcpyAsync((void *)sstage, dev_s, o->send_bytes, cudaMemcpyDeviceToHost, stream);
-        if (e != cudaSuccess) {
+        dshim_gpu_err_t e = a->MemcpyAsync((void *)sstage, dev_s, o->send_bytes, DSHIM_GPU_COPY_D2H, stream);
+        if (e != DSHIM_GPU_SUCCESS) {
             return cuda_fail(s, e, "cudaMemcpyAsync (input to staging)");
         }
     }
-    if (o->premul && o->residence == ncclScalarDevice && is_staged(dshim_nccl_cuda_memtype(o->scalar_ptr))) {
+    if (o->premul && o->residence == ncclScalarDevice && is_staged(dshim_gpu_memtype(o->scalar_ptr))) {
         /* read when the op runs, as NCCL does: copied in stream order */
-        pinned_block_t *b = block_get(s, 8);
+        dshim_gpu_block_t *b = dshim_gpu_pool_get(s->staging, 8);
         if (!b) {
             return dshim_nccl_fail(ncclSystemError, "NCCL collective", "no pinned memory for a scalar");
         }
         t->blocks[t->nblocks++] = b;
-        cudaError_t e = a->MemcpyAsync(b->ptr, o->scalar_ptr, dshim_dtype_size(o->dtype), cudaMemcpyDeviceToHost,
-                                       stream);
-        if (e != cudaSuccess) {
+        dshim_gpu_err_t e = a->MemcpyAsync(b->ptr, o->scalar_ptr, dshim_dtype_size(o->dtype), DSHIM_GPU_COPY_D2H,
+                                           stream);
+        if (e != DSHIM_GPU_SUCCESS) {
             return cuda_fail(s, e, "cudaMemcpyAsync (PreMulSum scalar)");
         }
         o->scalar_ptr = b->ptr;
@@ -490,8 +418,8 @@ static ncclResult_t stage_op(cuda_state_t *s, cuda_task_t *t, int i, cudaStream_
 /* Parks `stream` until the proxy has finished task `seq`. */
 static ncclResult_t stream_wait_flag(cuda_state_t *s, cudaStream_t stream, uint32_t seq)
 {
-    const dshim_nccl_cuda_api_t *a = s->api;
-    cudaError_t e;
+    const dshim_gpu_runtime_t *a = s->api;
+    dshim_gpu_err_t e;
     if (a->StreamWaitValue32 && !s->hostfn_wait) {
         int r = a->StreamWaitValue32((void *)stream, (unsigned long long)(uintptr_t)s->flag_dev, seq,
                                      0 /* CU_STREAM_WAIT_VALUE_GEQ, cyclic */);
@@ -506,7 +434,7 @@ static ncclResult_t stream_wait_flag(cuda_state_t *s, cudaStream_t stream, uint3
         }
         w->s = s;
         w->seq = seq;
-        if ((e = a->LaunchHostFunc(stream, host_wait_fn, w)) != cudaSuccess) {
+        if ((e = a->LaunchHostFunc(stream, host_wait_fn, w)) != DSHIM_GPU_SUCCESS) {
             free(w);
             return cuda_fail(s, e, "cudaLaunchHostFunc");
         }
@@ -519,9 +447,9 @@ static ncclResult_t stream_wait_flag(cuda_state_t *s, cudaStream_t stream, uint3
 static ncclResult_t enqueue_after_proxy(cuda_state_t *s, cuda_task_t *t, const dshim_nccl_op_t *ops, int n,
                                         uint32_t seq)
 {
-    const dshim_nccl_cuda_api_t *a = s->api;
+    const dshim_gpu_runtime_t *a = s->api;
     cudaStream_t stream = ops[0].stream;
-    cudaError_t e;
+    dshim_gpu_err_t e;
     ncclResult_t res = stream_wait_flag(s, stream, seq);
     if (res != ncclSuccess) {
         return res;
@@ -529,16 +457,16 @@ static ncclResult_t enqueue_after_proxy(cuda_state_t *s, cuda_task_t *t, const d
     for (int i = 0; i < n; i++) {
         const dshim_nccl_op_t *o = &ops[i];
         if (o->recv_bytes && t->ops[i].rbuf != o->rbuf &&
-            (e = a->MemcpyAsync(o->rbuf, t->ops[i].rbuf, o->recv_bytes, cudaMemcpyHostToDevice, stream)) !=
-                cudaSuccess) {
+            (e = a->MemcpyAsync(o->rbuf, t->ops[i].rbuf, o->recv_bytes, DSHIM_GPU_COPY_H2D, stream)) !=
+                DSHIM_GPU_SUCCESS) {
             return cuda_fail(s, e, "cudaMemcpyAsync (staging to output)");
         }
     }
-    if ((e = a->EventRecord(t->done, stream)) != cudaSuccess) {
+    if ((e = a->EventRecord(t->done, stream)) != DSHIM_GPU_SUCCESS) {
         return cuda_fail(s, e, "cudaEventRecord");
     }
     for (int i = 1; i < n; i++) {
-        if (ops[i].stream != stream && (e = a->StreamWaitEvent(ops[i].stream, t->done, 0)) != cudaSuccess) {
+        if (ops[i].stream != stream && (e = a->StreamWaitEvent(ops[i].stream, t->done, 0)) != DSHIM_GPU_SUCCESS) {
             return cuda_fail(s, e, "joining the group's streams");
         }
     }
@@ -596,17 +524,17 @@ ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t 
         return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
     }
     t->barrier = 1;
-    cudaError_t e = cudaSuccess;
+    dshim_gpu_err_t e = DSHIM_GPU_SUCCESS;
     if (new_work) {
         /* without new work the proxy has nothing to wait for here: the
          * previous barrier's event covered it (and an event right behind a
          * stream wait is the pattern of the H100 hang, docs/nccl.md) */
-        e = s->api->EventCreateWithFlags(&t->ready, cudaEventDisableTiming);
-        if (e == cudaSuccess) {
+        e = s->api->EventCreateWithFlags(&t->ready, DSHIM_GPU_EVENT_DISABLE_TIMING);
+        if (e == DSHIM_GPU_SUCCESS) {
             e = s->api->EventRecord(t->ready, stream);
         }
     }
-    if (e != cudaSuccess) {
+    if (e != DSHIM_GPU_SUCCESS) {
         ncclResult_t res = cuda_fail(s, e, "cudaEventRecord (CUDA IPC barrier)");
         task_free(s, t);
         return res;
@@ -625,7 +553,7 @@ ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t 
 static ncclResult_t staged_begin(cuda_state_t *s, const dshim_nccl_op_t *ops, int n, cuda_task_t **t_p,
                                  uint32_t *seq_p)
 {
-    const dshim_nccl_cuda_api_t *a = s->api;
+    const dshim_gpu_runtime_t *a = s->api;
     cudaStream_t stream = ops[0].stream;
     ncclResult_t res = ncclSuccess;
     cuda_task_t *t = calloc(1, sizeof(*t));
@@ -639,11 +567,11 @@ static ncclResult_t staged_begin(cuda_state_t *s, const dshim_nccl_op_t *ops, in
     }
     memcpy(t->ops, ops, (size_t)n * sizeof(*ops));
     t->n = n;
-    cudaError_t e = a->EventCreateWithFlags(&t->ready, cudaEventDisableTiming);
-    if (e == cudaSuccess) {
-        e = a->EventCreateWithFlags(&t->done, cudaEventDisableTiming);
+    dshim_gpu_err_t e = a->EventCreateWithFlags(&t->ready, DSHIM_GPU_EVENT_DISABLE_TIMING);
+    if (e == DSHIM_GPU_SUCCESS) {
+        e = a->EventCreateWithFlags(&t->done, DSHIM_GPU_EVENT_DISABLE_TIMING);
     }
-    if (e != cudaSuccess) {
+    if (e != DSHIM_GPU_SUCCESS) {
         res = cuda_fail(s, e, "cudaEventCreate");
         task_free(s, t);
         return res;
@@ -651,8 +579,8 @@ static ncclResult_t staged_begin(cuda_state_t *s, const dshim_nccl_op_t *ops, in
     /* the batch starts after the work already queued on its other streams */
     for (int i = 1; i < n; i++) {
         if (ops[i].stream != stream) {
-            if ((e = a->EventRecord(t->done, ops[i].stream)) != cudaSuccess ||
-                (e = a->StreamWaitEvent(stream, t->done, 0)) != cudaSuccess) {
+            if ((e = a->EventRecord(t->done, ops[i].stream)) != DSHIM_GPU_SUCCESS ||
+                (e = a->StreamWaitEvent(stream, t->done, 0)) != DSHIM_GPU_SUCCESS) {
                 res = cuda_fail(s, e, "joining the group's streams");
                 task_free(s, t);
                 return res;
@@ -662,7 +590,7 @@ static ncclResult_t staged_begin(cuda_state_t *s, const dshim_nccl_op_t *ops, in
     for (int i = 0; i < n && res == ncclSuccess; i++) {
         res = stage_op(s, t, i, stream);
     }
-    if (res == ncclSuccess && (e = a->EventRecord(t->ready, stream)) != cudaSuccess) {
+    if (res == ncclSuccess && (e = a->EventRecord(t->ready, stream)) != DSHIM_GPU_SUCCESS) {
         res = cuda_fail(s, e, "cudaEventRecord");
     }
     if (res != ncclSuccess) {
@@ -756,7 +684,7 @@ static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int 
     if (res != ncclSuccess) {
         return res;
     }
-    const dshim_nccl_cuda_api_t *a = s->api;
+    const dshim_gpu_runtime_t *a = s->api;
     cudaStream_t stream = ops[0].stream;
     if (s->ipc_state == 0 && dshim_nccl_ipc_eligible(comm, ops, n)) {
         /* the first batch that could use CUDA IPC sets it up, on every rank
@@ -847,12 +775,7 @@ static void cuda_destroy(struct ncclComm *comm)
     }
     reap(s, 1);
     dshim_nccl_ipc_free(s->ipc);
-    while (s->free_blocks) {
-        pinned_block_t *b = s->free_blocks;
-        s->free_blocks = b->next;
-        s->api->FreeHost(b->ptr);
-        free(b);
-    }
+    dshim_gpu_pool_destroy(s->staging);
     s->api->FreeHost((void *)s->flag);
     pthread_cond_destroy(&s->cond);
     pthread_mutex_destroy(&s->lock);

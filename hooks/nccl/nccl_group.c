@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_runtime.h"
 #include "nccl/nccl_internal.h"
 
 typedef struct group_state {
@@ -45,14 +46,14 @@ void dshim_nccl_group_add_init(struct ncclComm *comm)
 const dshim_nccl_executor_t *dshim_nccl_pick_executor(struct ncclComm *comm, const dshim_nccl_op_t *ops, int n)
 {
     (void)comm;
-    if (!dshim_nccl_cuda_present()) {
+    if (!dshim_gpu_present()) {
         return &dshim_nccl_exec_host;  /* a CPU-only process has only host memory */
     }
     for (int i = 0; i < n; i++) {
         const dshim_nccl_op_t *o = &ops[i];
-        if ((o->send_bytes && dshim_nccl_cuda_is_device_ptr(o->sbuf)) ||
-            (o->recv_bytes && dshim_nccl_cuda_is_device_ptr(o->rbuf)) ||
-            (o->premul && o->residence == ncclScalarDevice && dshim_nccl_cuda_is_device_ptr(o->scalar_ptr))) {
+        if ((o->send_bytes && dshim_gpu_is_cuda_ptr(o->sbuf)) ||
+            (o->recv_bytes && dshim_gpu_is_cuda_ptr(o->rbuf)) ||
+            (o->premul && o->residence == ncclScalarDevice && dshim_gpu_is_cuda_ptr(o->scalar_ptr))) {
             return &dshim_nccl_exec_cuda;
         }
     }

@@ -8,8 +8,11 @@
  * (PreMulSum), nccl_mem.c (MemAlloc, registration), nccl_misc.c (version,
  * error strings), nccl_device_api.c (the host half of nccl_device.h),
  * nccl_exec_host.c and nccl_exec_cuda.c (the executors: where an op runs),
- * nccl_cuda.c (the CUDA runtime, looked up only when the process already
- * uses CUDA).  docs/nccl.md describes the whole.
+ * nccl_ipc.c (collectives through CUDA IPC on one host), nccl_gpu_abi.c
+ * (shim/gpu's CUDA declarations checked against CUDA's headers).  The CUDA
+ * runtime, pinned staging and the reduction kernels come from shim/gpu
+ * (gpu_runtime.h, gpu_staging.h, gpu_reduce.h), which looks the runtime up
+ * only when the process already uses CUDA.  docs/nccl.md describes the whole.
  *
  * nccl.h is the installed one, so the compiler checks every prototype.
  */
@@ -207,18 +210,7 @@ void dshim_nccl_init_join(struct ncclComm *comm);
 /* The executor for a batch of ops of one communicator. */
 const dshim_nccl_executor_t *dshim_nccl_pick_executor(struct ncclComm *comm, const dshim_nccl_op_t *ops, int n);
 
-/* --- CUDA (nccl_cuda.c) -------------------------------------------------------- */
-/* 1 when the process has the CUDA runtime loaded (it is then used, never
- * loaded by dshim for a CPU-only program). */
-int dshim_nccl_cuda_present(void);
-/* 1 when ptr must be reached through CUDA (device, managed or pinned memory
- * of a CUDA program); 0 for ordinary host memory or without CUDA. */
-int dshim_nccl_cuda_is_device_ptr(const void *ptr);
-int dshim_nccl_cuda_current_device(void);
-/* ncclMemAlloc/Free on the device; DSHIM_ERR_UNSUPPORTED without CUDA. */
-dshim_status_t dshim_nccl_cuda_malloc(void **ptr, size_t size);
-dshim_status_t dshim_nccl_cuda_free(void *ptr);
-
+/* --- CUDA ---------------------------------------------------------------------- */
 /* nccl_exec_cuda.c: DSHIM_NCCL_STREAM_WAIT and DSHIM_NCCL_IPC_COLLS are valid
  * (else the error), checked at communicator init on every host. */
 ncclResult_t dshim_nccl_cuda_check_config(int rank, const char *call);

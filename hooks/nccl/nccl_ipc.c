@@ -1,7 +1,7 @@
 /*
  * Collectives on device buffers among the ranks of one host, through CUDA
  * IPC: no staging through host memory, reductions in dshim's CUDA kernels
- * (libdshim-cuda.so).
+ * (libdshim-cuda.so, through shim/gpu's gpu_reduce.h).
  *
  * Every rank owns a device scratch of two slots of DSHIM_NCCL_IPC_CHUNK bytes
  * and maps every peer's (cudaIpcOpenMemHandle; ranks of one process use the
@@ -39,15 +39,15 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "gpu_reduce.h"
+#include "gpu_runtime.h"
 #include "log.h"
-#include "nccl/nccl_cuda.h"
 #include "nccl/nccl_internal.h"
-#include "cuda_loader.h"
+#include "nccl/nccl_ipc.h"
 #include "status.h"
 
 struct dshim_nccl_ipc {
-    const dshim_nccl_cuda_api_t *api;
-    const dshim_reduce_ops_t *red;
+    const dshim_gpu_runtime_t *api;
     int rank, nranks;
     size_t chunk;          /* bytes per slot, the smallest any rank offers */
     void *scratch;         /* mine: two slots */
@@ -62,13 +62,12 @@ typedef struct ipc_record {
     uint64_t pid;
     uint64_t chunk;
     uint64_t ptr;          /* usable as is by ranks of the same process */
-    cudaIpcMemHandle_t handle;
+    dshim_gpu_ipc_handle_t handle;
 } ipc_record_t;
 
-static const char *cuda_err(const dshim_nccl_cuda_api_t *a, cudaError_t e)
+static const char *cuda_err(const dshim_gpu_runtime_t *a, dshim_gpu_err_t e)
 {
-    a->GetLastError();  /* not sticky for the application */
-    return a->GetErrorString(e);
+    return dshim_gpu_error_text(a, e);  /* not sticky for the application */
 }
 
 /* Elements of the op's message: what the threshold is measured on. */
@@ -82,7 +81,7 @@ static size_t message_elems(const dshim_nccl_op_t *o, int nranks)
 
 static int on_device(const void *p, size_t bytes)
 {
-    return bytes == 0 || dshim_nccl_cuda_memtype(p) == cudaMemoryTypeDevice;
+    return bytes == 0 || dshim_gpu_memtype(p) == DSHIM_GPU_MEM_DEVICE;
 }
 
 static const char *const kind_names[] = {
@@ -163,9 +162,7 @@ int dshim_nccl_ipc_eligible(const struct ncclComm *comm, const dshim_nccl_op_t *
     if (o->kind == DSHIM_NCCL_BROADCAST || o->kind == DSHIM_NCCL_ALLGATHER) {
         return 1;  /* copies only */
     }
-    const dshim_reduce_ops_t *red = dshim_reduce_cuda_load();
-    dshim_redop_t op = o->op == DSHIM_AVG ? DSHIM_SUM : o->op;
-    return red && red->supports(DSHIM_MEM_CUDA, o->dtype, op);
+    return dshim_gpu_supports(o->dtype, o->op);
 }
 
 void dshim_nccl_ipc_free(dshim_nccl_ipc_t *ipc)
@@ -173,13 +170,13 @@ void dshim_nccl_ipc_free(dshim_nccl_ipc_t *ipc)
     if (!ipc) {
         return;
     }
-    const dshim_nccl_cuda_api_t *a = ipc->api;
+    const dshim_gpu_runtime_t *a = ipc->api;
     for (int p = 0; ipc->src && p < ipc->nranks; p++) {
-        if (ipc->opened && ipc->opened[p] && a->IpcCloseMemHandle(ipc->src[p]) != cudaSuccess) {
+        if (ipc->opened && ipc->opened[p] && a->IpcCloseMemHandle(ipc->src[p]) != DSHIM_GPU_SUCCESS) {
             a->GetLastError();
         }
     }
-    if (ipc->scratch && a->Free(ipc->scratch) != cudaSuccess) {
+    if (ipc->scratch && a->Free(ipc->scratch) != DSHIM_GPU_SUCCESS) {
         a->GetLastError();
     }
     free(ipc->src);
@@ -191,21 +188,21 @@ void dshim_nccl_ipc_free(dshim_nccl_ipc_t *ipc)
  * an error: the other ranks must still be told. */
 static const char *setup_local(dshim_nccl_ipc_t *ipc, ipc_record_t *me)
 {
-    const dshim_nccl_cuda_api_t *a = ipc->api;
-    cudaError_t e;
+    const dshim_gpu_runtime_t *a = ipc->api;
+    dshim_gpu_err_t e;
     int dev = 0;
-    if ((e = a->GetDevice(&dev)) != cudaSuccess) {
+    if ((e = a->GetDevice(&dev)) != DSHIM_GPU_SUCCESS) {
         return cuda_err(a, e);
     }
     me->device = dev;
     me->pid = (uint64_t)getpid();
     me->chunk = ipc->chunk;
-    if ((e = a->Malloc(&ipc->scratch, 2 * ipc->chunk)) != cudaSuccess) {
+    if ((e = a->Malloc(&ipc->scratch, 2 * ipc->chunk)) != DSHIM_GPU_SUCCESS) {
         ipc->scratch = NULL;
         return cuda_err(a, e);
     }
     me->ptr = (uint64_t)(uintptr_t)ipc->scratch;
-    if ((e = a->IpcGetMemHandle(&me->handle, ipc->scratch)) != cudaSuccess) {
+    if ((e = a->IpcGetMemHandle(&me->handle, ipc->scratch)) != DSHIM_GPU_SUCCESS) {
         return cuda_err(a, e);
     }
     me->ok = 1;
@@ -215,15 +212,15 @@ static const char *setup_local(dshim_nccl_ipc_t *ipc, ipc_record_t *me)
 /* Maps the peers' scratches; NULL or the first failure. */
 static const char *open_peers(dshim_nccl_ipc_t *ipc, const ipc_record_t *recs, char *why, size_t len)
 {
-    const dshim_nccl_cuda_api_t *a = ipc->api;
+    const dshim_gpu_runtime_t *a = ipc->api;
     for (int p = 0; p < ipc->nranks; p++) {
         if (p == ipc->rank) {
             ipc->src[p] = ipc->scratch;
         } else if (recs[p].pid == (uint64_t)getpid()) {
             ipc->src[p] = (void *)(uintptr_t)recs[p].ptr;  /* a rank of this process */
         } else {
-            cudaError_t e = a->IpcOpenMemHandle(&ipc->src[p], recs[p].handle, cudaIpcMemLazyEnablePeerAccess);
-            if (e != cudaSuccess) {
+            dshim_gpu_err_t e = a->IpcOpenMemHandle(&ipc->src[p], recs[p].handle, DSHIM_GPU_IPC_LAZY_PEER_ACCESS);
+            if (e != DSHIM_GPU_SUCCESS) {
                 snprintf(why, len, "opening rank %d's buffer (device %d, from device %d): %s", p, recs[p].device,
                          recs[ipc->rank].device, cuda_err(a, e));
                 return why;
@@ -241,7 +238,7 @@ static const char *open_peers(dshim_nccl_ipc_t *ipc, const ipc_record_t *recs, c
  * otherwise NULL with the reason logged once: the batches stage instead.
  * Errors of the exchange itself (a dead peer) are returned.
  */
-ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_nccl_cuda_api_t *api, dshim_nccl_ipc_t **ipc_p)
+ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_gpu_runtime_t *api, dshim_nccl_ipc_t **ipc_p)
 {
     *ipc_p = NULL;
     dshim_comm_t *dc = comm->dc;
@@ -259,7 +256,6 @@ ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_nccl_cuda_a
                                comm->rank);
     }
     ipc->api = api;
-    ipc->red = dshim_reduce_cuda_load();
     ipc->rank = comm->rank;
     ipc->nranks = comm->nranks;
     ipc->chunk = dshim_config()->nccl_ipc_chunk;
@@ -321,7 +317,7 @@ typedef struct ipc_run {
     int queued;            /* stream work queued since the last barrier */
 } ipc_run_t;
 
-static ncclResult_t ipc_fail_cuda(const dshim_nccl_ipc_t *ipc, cudaError_t e, const char *what)
+static ncclResult_t ipc_fail_cuda(const dshim_nccl_ipc_t *ipc, dshim_gpu_err_t e, const char *what)
 {
     return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: %s (CUDA IPC) failed: %s", ipc->rank,
                            what, cuda_err(ipc->api, e));
@@ -339,8 +335,8 @@ static ncclResult_t copy(ipc_run_t *r, void *dst, const void *src, size_t bytes)
         return ncclSuccess;
     }
     r->queued = 1;
-    cudaError_t e = r->ipc->api->MemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, r->stream);
-    return e == cudaSuccess ? ncclSuccess : ipc_fail_cuda(r->ipc, e, "cudaMemcpyAsync");
+    dshim_gpu_err_t e = r->ipc->api->MemcpyAsync(dst, src, bytes, DSHIM_GPU_COPY_D2D, r->stream);
+    return e == DSHIM_GPU_SUCCESS ? ncclSuccess : ipc_fail_cuda(r->ipc, e, "cudaMemcpyAsync");
 }
 
 /* out = slot_0[at] op slot_1[at] op ... (then / n for AVG), cnt elements. */
@@ -349,13 +345,13 @@ static ncclResult_t reduce_slots(ipc_run_t *r, void *out, int slot, size_t at, s
     r->queued = 1;
     const dshim_nccl_ipc_t *ipc = r->ipc;
     const dshim_redop_t op = r->o->op == DSHIM_AVG ? DSHIM_SUM : r->o->op;
-    dshim_status_t st = ipc->red->reduce(out, slot_of(ipc, 0, slot) + at, slot_of(ipc, 1, slot) + at, cnt,
+    dshim_status_t st = dshim_gpu_reduce(out, slot_of(ipc, 0, slot) + at, slot_of(ipc, 1, slot) + at, cnt,
                                          r->o->dtype, op, r->stream);
     for (int p = 2; p < ipc->nranks && st == DSHIM_OK; p++) {
-        st = ipc->red->reduce(out, out, slot_of(ipc, p, slot) + at, cnt, r->o->dtype, op, r->stream);
+        st = dshim_gpu_reduce(out, out, slot_of(ipc, p, slot) + at, cnt, r->o->dtype, op, r->stream);
     }
     if (st == DSHIM_OK && r->o->op == DSHIM_AVG) {
-        st = ipc->red->scale_div(out, cnt, r->o->dtype, ipc->nranks, r->stream);
+        st = dshim_gpu_scale_div(out, cnt, r->o->dtype, ipc->nranks, r->stream);
     }
     return st == DSHIM_OK ? ncclSuccess : dshim_nccl_from_dshim(st, "NCCL collective (CUDA IPC)");
 }
@@ -427,8 +423,8 @@ static ncclResult_t barrier(ipc_run_t *r)
         r->queued = 0;
         return dshim_nccl_cuda_stream_barrier(r->comm, r->stream, new_work);
     }
-    cudaError_t e = r->ipc->api->StreamSynchronize(r->stream);
-    if (e != cudaSuccess) {
+    dshim_gpu_err_t e = r->ipc->api->StreamSynchronize(r->stream);
+    if (e != DSHIM_GPU_SUCCESS) {
         return ipc_fail_cuda(r->ipc, e, "cudaStreamSynchronize");
     }
     dshim_status_t st = dshim_barrier(r->comm->dc);

@@ -8,6 +8,7 @@
  */
 #include <stdlib.h>
 
+#include "gpu_runtime.h"
 #include "nccl/nccl_internal.h"
 
 #define REG_MAGIC 0x64736872u /* "dshr" */
@@ -37,8 +38,8 @@ DSHIM_NCCL_EXPORT ncclResult_t ncclMemAlloc(void **ptr, size_t size)
     if (size == 0) {
         return ncclSuccess;
     }
-    if (dshim_nccl_cuda_present()) {
-        dshim_status_t st = dshim_nccl_cuda_malloc(ptr, size);
+    if (dshim_gpu_present()) {
+        dshim_status_t st = dshim_gpu_malloc(ptr, size);
         return st == DSHIM_OK ? ncclSuccess : dshim_nccl_from_dshim(st, call);
     }
     host_block_t *b = malloc(sizeof(*b));
@@ -72,8 +73,8 @@ DSHIM_NCCL_EXPORT ncclResult_t ncclMemFree(void *ptr)
         }
     }
     pthread_mutex_unlock(&mem_lock);
-    if (dshim_nccl_cuda_present()) {
-        dshim_status_t st = dshim_nccl_cuda_free(ptr);
+    if (dshim_gpu_present()) {
+        dshim_status_t st = dshim_gpu_free(ptr);
         return st == DSHIM_OK ? ncclSuccess : dshim_nccl_from_dshim(st, "ncclMemFree");
     }
     return dshim_nccl_fail(ncclInvalidArgument, "ncclMemFree", "%p was not allocated by ncclMemAlloc", ptr);

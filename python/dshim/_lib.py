@@ -102,6 +102,14 @@ _PROTOS = {
     # receive from any source: the sender's rank lands in the int before the request completes
     "dshim_irecv_any": (_int, [_vp, _vp, _sz, _int, ctypes.POINTER(_int), _reqp]),
     "dshim_ibarrier": (_int, [_vp, _reqp]),
+    # PREMUL_SUM's local scaling through the reduction backend (dst, src, count, dtype, scalar of dtype)
+    "dshim_scale_mul": (_int, [_vp, _vp, _vp, _sz, _int, _vp]),
+    # CUDA tensors staged through libdshim's pinned pool, copied in stream order (_staging.py)
+    "dshim_gpu_available": (_int, []),
+    "dshim_gpu_stage_get": (_vp, [_sz, ctypes.POINTER(ctypes.c_void_p)]),
+    "dshim_gpu_stage_put": (None, [_vp]),
+    "dshim_gpu_copy_async": (_int, [_vp, _vp, _sz, _int, _vp]),
+    "dshim_gpu_stream_sync": (_int, [_int, _vp]),
 }
 
 _lock = threading.Lock()

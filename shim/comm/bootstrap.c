@@ -1,17 +1,20 @@
 /*
  * Bootstrap of a communicator over an already connected store:
- *  1. listen on the data interface, publish {ip, port, pid, host id, shm inbox}
+ *  1. listen on the data interface, publish {ip, port, pid, host id, what each
+ *     transport's setup publishes (shm: its inbox)}
  *  2. read every peer's record
  *  3. full mesh: connect to lower ranks, accept higher ranks; each connection
  *     starts with a HELLO carrying a hash of the job token and communicator
  *     prefix, so strays and other jobs are rejected (logged, then ignored)
- *  4. shared memory between ranks of one host (unless DSHIM_TRANSPORT=tcp)
+ *  4. one connection per peer through the transport the rule picks
+ *     (DSHIM_TRANSPORT; see transport.h "Registry"), over that socket
  * The listener is closed afterwards: nothing can connect to a running job.
+ * Transports take part through their ops only: setup before the record is
+ * published, connect per peer, a store barrier and `connected` afterwards.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +28,6 @@
 #include "config.h"
 #include "net.h"
 #include "status.h"
-#include "transport/shm/shm_ring.h"
 
 #define HELLO_MAGIC 0x43485344u /* "DSHC" */
 #define HELLO_VERSION 1
@@ -201,16 +203,135 @@ static dshim_status_t connect_peer(dshim_comm_t *comm, int r, uint64_t th, doubl
     return DSHIM_OK;
 }
 
-static int transport_mode(void)
+/* The registry entries DSHIM_TRANSPORT allows (bit i = entry i): every one
+ * for "auto", else the one named; *named_p says which of the two. */
+static dshim_status_t allowed_transports(unsigned *allowed_p, int *named_p)
 {
     const char *t = dshim_config()->transport;
-    if (!strcasecmp(t, "tcp")) {
-        return 1;
+    *named_p = 0;
+    if (!strcasecmp(t, "auto")) {
+        *allowed_p = (1u << dshim_transport_count()) - 1;
+        return DSHIM_OK;
     }
-    if (!strcasecmp(t, "shm")) {
-        return 2;
+    int i = dshim_transport_index(t);
+    if (i < 0) {
+        char choices[128];
+        dshim_transport_choices(choices, sizeof(choices));
+        return dshim_error(DSHIM_ERR_INVALID, "DSHIM_TRANSPORT=%s is not one of %s", t, choices);
     }
-    return 0;
+    *allowed_p = 1u << i;
+    *named_p = 1;
+    return DSHIM_OK;
+}
+
+/* Step 1 for each allowed transport with a setup: its state, and what it
+ * publishes in my record. */
+static dshim_status_t setup_transports(dshim_comm_t *comm, unsigned allowed, uint64_t th, dshim_peer_info_t *me)
+{
+    dshim_transport_comm_t tc = {.rank = comm->rank, .size = comm->size, .comm_hash = th};
+    for (int i = 0; i < dshim_transport_count(); i++) {
+        const dshim_transport_t *t = dshim_transport_at(i);
+        if ((allowed & (1u << i)) && t->setup) {
+            DSHIM_CHECK(t->setup(&tc, &comm->transport_state[i], me->transport_addr[i], sizeof(me->transport_addr[i])));
+        }
+    }
+    return DSHIM_OK;
+}
+
+/* The registry entry that carries the connection to peer pv->rank: the
+ * first allowed one that reaches it, else the fallback.  A host-local
+ * transport named by DSHIM_TRANSPORT with a peer elsewhere is an error. */
+static dshim_status_t pick_transport(dshim_comm_t *comm, unsigned allowed, int named, dshim_transport_peer_t *pv,
+                                     int *index_p)
+{
+    for (int i = 0; i < dshim_transport_count(); i++) {
+        const dshim_transport_t *t = dshim_transport_at(i);
+        if (!(allowed & (1u << i))) {
+            continue;
+        }
+        if (t->host_local && !pv->same_host) {
+            if (named) {
+                char who[160];
+                dshim_comm_describe_peer(comm, pv->rank, who, sizeof(who));
+                return dshim_error(DSHIM_ERR_INVALID, "DSHIM_TRANSPORT=%s but %s is on another host; use auto or tcp",
+                                   t->name, who);
+            }
+            continue;
+        }
+        pv->addr = comm->peers[pv->rank].transport_addr[i];
+        if (!t->reaches || t->reaches(comm->transport_state[i], pv)) {
+            *index_p = i;
+            return DSHIM_OK;
+        }
+    }
+    *index_p = dshim_transport_fallback();
+    pv->addr = comm->peers[pv->rank].transport_addr[*index_p];
+    return DSHIM_OK;
+}
+
+/* "shm+tcp": the transports that carry a connection, in registry order. */
+static void describe_transports(dshim_comm_t *comm)
+{
+    size_t o = 0;
+    comm->transport_desc[0] = 0;
+    for (int i = 0; i < dshim_transport_count(); i++) {
+        if (comm->transports_used & (1u << i)) {
+            o += (size_t)snprintf(comm->transport_desc + o, sizeof(comm->transport_desc) - o, "%s%s", o ? "+" : "",
+                                  dshim_transport_at(i)->name);
+        }
+    }
+    if (!comm->transport_desc[0]) {
+        snprintf(comm->transport_desc, sizeof(comm->transport_desc), "self");
+    }
+}
+
+/* Step 4: the connection to every peer, through the transport the rule
+ * picks, over the handshaken socket fds[r] (which it then owns: -1). */
+static dshim_status_t connect_transports(dshim_comm_t *comm, unsigned allowed, int named, int *fds)
+{
+    const dshim_peer_info_t *me = &comm->peers[comm->rank];
+    comm->nlocal = 1;
+    for (int r = 0; r < comm->size; r++) {
+        if (r == comm->rank) {
+            continue;
+        }
+        dshim_transport_peer_t pv = {.rank = r, .same_host = comm->peers[r].host_id == me->host_id,
+                                     .ip = comm->peers[r].ip, .my_ip = me->ip, .addr = ""};
+        comm->nlocal += pv.same_host;
+        dshim_net_set_nonblocking(fds[r], 1);
+        int i = -1;
+        DSHIM_CHECK(pick_transport(comm, allowed, named, &pv, &i));
+        DSHIM_CHECK(dshim_transport_at(i)->connect(comm->transport_state[i], &pv, fds[r], &comm->conns[r]));
+        fds[r] = -1;
+        comm->transports_used |= 1u << i;
+    }
+    return DSHIM_OK;
+}
+
+/* After every connection: each allowed transport that asks for it learns
+ * (through a store barrier) that every rank connected; then the waiter
+ * learns the transports in use, and the communicator their names. */
+static dshim_status_t transports_connected(dshim_comm_t *comm, unsigned allowed, double deadline)
+{
+    for (int i = 0; i < dshim_transport_count() && comm->size > 1; i++) {
+        const dshim_transport_t *t = dshim_transport_at(i);
+        if (!(allowed & (1u << i)) || !t->connected) {
+            continue;
+        }
+        /* every rank that set the transport up joins, even one whose setup
+         * found it unavailable, or the others would wait */
+        DSHIM_CHECK(dshim_store_barrier(comm->store->store, comm->prefix, t->name, comm->size, deadline - dshim_now()));
+        if (comm->transport_state[i]) {
+            t->connected(comm->transport_state[i]);
+        }
+    }
+    for (int i = 0; i < dshim_transport_count(); i++) {
+        if (comm->transports_used & (1u << i)) {
+            dshim_waiter_add(&comm->waiter, dshim_transport_at(i), comm->transport_state[i]);
+        }
+    }
+    describe_transports(comm);
+    return DSHIM_OK;
 }
 
 void dshim_comm_release(dshim_comm_t *comm)
@@ -219,16 +340,16 @@ void dshim_comm_release(dshim_comm_t *comm)
         if (comm->conns[r]) {
             comm->conns[r]->ops->destroy(comm->conns[r]);
         }
-        if (comm->peer_inbox && comm->peer_inbox[r]) {
-            dshim_shm_seg_detach(comm->peer_inbox[r]);
-        }
     }
-    if (comm->inbox) {
-        dshim_shm_seg_detach(comm->inbox);
+    /* after the connections: they may point into a transport's state */
+    for (int i = 0; i < dshim_transport_count(); i++) {
+        const dshim_transport_t *t = dshim_transport_at(i);
+        if (comm->transport_state[i] && t->teardown) {
+            t->teardown(comm->transport_state[i]);
+        }
     }
     free(comm->peers);
     free(comm->conns);
-    free(comm->peer_inbox);
     free(comm->p2p_tx);
     free(comm->p2p_rx);
     free(comm->scratch);
@@ -243,11 +364,9 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
     const dshim_config_t *cfg = dshim_config();
     dshim_status_t st = DSHIM_OK;
     int lfd = -1, *fds = NULL;
-    const char *t = cfg->transport;
-    if (strcasecmp(t, "auto") && strcasecmp(t, "tcp") && strcasecmp(t, "shm")) {
-        return dshim_error(DSHIM_ERR_INVALID, "DSHIM_TRANSPORT=%s is not one of auto, shm, tcp", t);
-    }
-    int mode = transport_mode();
+    unsigned allowed = 0;
+    int named = 0;
+    DSHIM_CHECK(allowed_transports(&allowed, &named));
     dshim_comm_t *comm = calloc(1, sizeof(*comm));
     if (!comm) {
         return dshim_error(DSHIM_ERR_NOMEM, "out of memory for a communicator");
@@ -261,11 +380,10 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
     pthread_cond_init(&comm->cond, NULL);
     comm->peers = calloc((size_t)size, sizeof(*comm->peers));
     comm->conns = calloc((size_t)size, sizeof(*comm->conns));
-    comm->peer_inbox = calloc((size_t)size, sizeof(*comm->peer_inbox));
     comm->p2p_tx = calloc((size_t)size, sizeof(uint64_t));
     comm->p2p_rx = calloc((size_t)size, sizeof(uint64_t));
     fds = malloc((size_t)size * sizeof(int));
-    if (!comm->peers || !comm->conns || !comm->peer_inbox || !comm->p2p_tx || !comm->p2p_rx || !fds) {
+    if (!comm->peers || !comm->conns || !comm->p2p_tx || !comm->p2p_rx || !fds) {
         st = dshim_error(DSHIM_ERR_NOMEM, "out of memory for %d peers", size);
         goto err;
     }
@@ -289,16 +407,8 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
     me->pid = getpid();
     me->host_id = host_id();
     gethostname(me->hostname, sizeof(me->hostname) - 1);
-    if (mode != 1 && size > 1) {
-        snprintf(me->shm_name, sizeof(me->shm_name), "dshim-%d-%016" PRIx64, (int)getpid(), th);
-        st = dshim_shm_seg_create(cfg->shm_dir, me->shm_name, size, cfg->shm_ring_size, &comm->inbox);
-        if (st != DSHIM_OK) {
-            DSHIM_WARN("rank %d: shared memory unavailable (%s); using TCP between local ranks", rank,
-                       dshim_last_error());
-            me->shm_name[0] = 0;
-            comm->inbox = NULL;
-            st = DSHIM_OK;
-        }
+    if (size > 1) {
+        DSHIM_CHECK_GOTO(setup_transports(comm, allowed, th, me), st, err);
     }
     char ipbuf[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &local, ipbuf, sizeof(ipbuf));
@@ -330,7 +440,9 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
         memcpy(&comm->peers[r], val, sizeof(dshim_peer_info_t));
         free(val);
         comm->peers[r].hostname[sizeof(me->hostname) - 1] = 0;
-        comm->peers[r].shm_name[sizeof(me->shm_name) - 1] = 0;
+        for (int i = 0; i < DSHIM_TRANSPORT_MAX; i++) {
+            comm->peers[r].transport_addr[i][DSHIM_TRANSPORT_ADDR_LEN - 1] = 0;
+        }
     }
 
     /* 3. the mesh */
@@ -344,50 +456,8 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
     }
 
     /* 4. transports */
-    comm->nlocal = 1;
-    for (int r = 0; r < size; r++) {
-        if (r == rank) {
-            continue;
-        }
-        int same_host = comm->peers[r].host_id == me->host_id;
-        comm->nlocal += same_host;
-        dshim_net_tune(fds[r], cfg->socket_bufsize);
-        dshim_net_set_nonblocking(fds[r], 1);
-        if (mode == 2 && !same_host) {
-            char who[160];
-            dshim_comm_describe_peer(comm, r, who, sizeof(who));
-            st = dshim_error(DSHIM_ERR_INVALID, "DSHIM_TRANSPORT=shm but %s is on another host; use auto or tcp", who);
-            goto err;
-        }
-        if (same_host && comm->inbox && comm->peers[r].shm_name[0]) {
-            st = dshim_shm_seg_attach(cfg->shm_dir, comm->peers[r].shm_name, size, cfg->shm_ring_size,
-                                      &comm->peer_inbox[r]);
-            if (st == DSHIM_OK) {
-                st = dshim_shm_conn_create(comm->inbox, comm->peer_inbox[r], rank, r, fds[r], &comm->conns[r]);
-            }
-            if (st != DSHIM_OK) {
-                goto err;
-            }
-            fds[r] = -1;
-            comm->any_shm = 1;
-        } else {
-            /* on this host even when host ids differ (DSHIM_HOST_ID) */
-            int local = same_host || comm->peers[r].ip == me->ip || (ntohl(comm->peers[r].ip) >> 24) == 127;
-            dshim_net_set_cc(fds[r], local);
-            DSHIM_CHECK_GOTO(dshim_tcp_conn_create(fds[r], r, 256 * 1024, &comm->conns[r]), st, err);
-            fds[r] = -1;
-            comm->any_tcp = 1;
-        }
-    }
-    if (mode != 1 && size > 1) {
-        /* every peer mapped my inbox: the file can go, so a crash leaves
-         * nothing in /dev/shm.  Every rank joins the barrier, even one whose
-         * own segment could not be created, or the others would wait. */
-        DSHIM_CHECK_GOTO(dshim_store_barrier(store->store, prefix, "shm", size, deadline - dshim_now()), st, err);
-        if (comm->inbox) {
-            dshim_shm_seg_unlink(comm->inbox);
-        }
-    }
+    DSHIM_CHECK_GOTO(connect_transports(comm, allowed, named, fds), st, err);
+    DSHIM_CHECK_GOTO(transports_connected(comm, allowed, deadline), st, err);
     free(fds);
     *comm_p = comm;
     return DSHIM_OK;
@@ -403,9 +473,6 @@ err:
             }
         }
         free(fds);
-    }
-    if (comm->inbox) {
-        dshim_shm_seg_unlink(comm->inbox);
     }
     dshim_comm_release(comm);
     return st;

@@ -1,4 +1,4 @@
-/* Joining a communicator: store, peer table, connection mesh, shm rings. */
+/* Joining a communicator: store, peer table, connection mesh, transports. */
 #ifndef DSHIM_BOOTSTRAP_H
 #define DSHIM_BOOTSTRAP_H
 
@@ -10,10 +10,10 @@
 dshim_status_t dshim_args_from_env(dshim_comm_args_t *args);
 
 /* Builds a communicator whose store is already connected: publishes this
- * rank, connects to every peer, sets up shared memory. */
+ * rank and connects to every peer through the transports. */
 dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int rank, int size,
                                const char *token, dshim_comm_t **comm_p);
-/* Frees everything dshim_bootstrap built (connections, segments, tables). */
+/* Frees everything dshim_bootstrap built (connections, transports' state, tables). */
 void dshim_comm_release(dshim_comm_t *comm);
 /* Barrier through the store (bootstrap and teardown only). */
 dshim_status_t dshim_store_barrier(dshim_store_t *store, const char *prefix, const char *name, int size,

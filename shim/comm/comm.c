@@ -14,7 +14,6 @@
 #include "engine.h"
 #include "net.h"
 #include "status.h"
-#include "transport/shm/shm_ring.h"
 
 static dshim_status_t check_args(const dshim_comm_args_t *a)
 {
@@ -211,7 +210,7 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim
         __atomic_store_n(&hosted_ref, ref, __ATOMIC_RELEASE);
     }
     DSHIM_INFO("rank %d of %d joined (%d on this host, transport %s)", args->rank, args->size, (*comm_p)->nlocal,
-               (*comm_p)->any_shm ? ((*comm_p)->any_tcp ? "shm+tcp" : "shm") : "tcp");
+               dshim_comm_transport(*comm_p));
     return DSHIM_OK;
 
 err_store:
@@ -416,10 +415,7 @@ DSHIM_EXPORT const char *dshim_comm_transport(const dshim_comm_t *comm)
     if (!comm) {
         return "none";
     }
-    if (comm->any_shm) {
-        return comm->any_tcp ? "shm+tcp" : "shm";
-    }
-    return comm->any_tcp ? "tcp" : "self";
+    return comm->transport_desc;
 }
 
 DSHIM_EXPORT dshim_status_t dshim_comm_get_error(dshim_comm_t *comm, char *msg, size_t msg_len)

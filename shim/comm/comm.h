@@ -12,8 +12,6 @@
 #include "store.h"
 #include "transport/transport.h"
 
-struct dshim_shm_seg;
-
 /* What every rank publishes about itself in the store. */
 typedef struct dshim_peer_info {
     uint32_t ip;         /* network byte order */
@@ -22,7 +20,9 @@ typedef struct dshim_peer_info {
     int32_t pid;
     uint64_t host_id;    /* same value <=> same host (and network namespace) */
     char hostname[64];
-    char shm_name[64];   /* inbox segment name, "" if none */
+    /* what each transport of the registry published (transport.h setup;
+     * shm: its inbox segment name), "" if nothing */
+    char transport_addr[DSHIM_TRANSPORT_MAX][DSHIM_TRANSPORT_ADDR_LEN];
 } dshim_peer_info_t;
 
 /* The store (and its server, on the rank that hosts it) outlives sub-communicators. */
@@ -76,15 +76,17 @@ struct dshim_comm {
     dshim_store_ref_t *store;
     dshim_peer_info_t *peers;      /* [size] */
     dshim_conn_t **conns;          /* [size], NULL for self */
-    struct dshim_shm_seg *inbox;   /* my shm inbox, NULL if no local peers */
-    struct dshim_shm_seg **peer_inbox; /* [size] */
+    /* per registry entry: its per-communicator state (NULL when not set up
+     * or unavailable) */
+    void *transport_state[DSHIM_TRANSPORT_MAX];
+    unsigned transports_used;      /* bit i: registry entry i carries a connection */
+    char transport_desc[48];       /* "shm+tcp", "tcp", "self": the names of transports_used */
+    dshim_waiter_t waiter;         /* what the engine sleeps on (transports with a wake-up of their own) */
     int nlocal;                    /* ranks on this host, including me */
-    int any_shm, any_tcp;
     const dshim_reduce_ops_t *reduce;
 
     /* configuration snapshot */
     size_t chunk_bytes, small_msg_bytes;
-    size_t shm_stream_min; /* receive messages this large with non-temporal stores (0 = never) */
     double timeout_s;
     long spin_us;
     int check_sig;

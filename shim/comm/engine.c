@@ -15,7 +15,6 @@ void dshim_engine_init(dshim_comm_t *comm)
 {
     const dshim_config_t *cfg = dshim_config();
     comm->chunk_bytes = cfg->chunk_bytes < 4096 ? 4096 : cfg->chunk_bytes;
-    comm->shm_stream_min = cfg->shm_stream_min;
     comm->small_msg_bytes = cfg->small_msg_bytes;
     comm->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 1e9;
     comm->spin_us = cfg->spin_us;

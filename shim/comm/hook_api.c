@@ -7,7 +7,6 @@
 #include "comm.h"
 #include "dshim_hook.h"
 #include "engine.h"
-#include "net.h"
 #include "status.h"
 #include "store.h"
 
@@ -131,7 +130,7 @@ dshim_status_t dshim_hook_probe_peers(dshim_comm_t *comm, unsigned char *left)
     int dead = -1, unknown = 0;
     for (int r = 0; r < comm->size && dead < 0; r++) {
         dshim_conn_t *conn = comm->conns[r];
-        if (!conn || left[r] || !dshim_net_hung_up(conn->fd)) {
+        if (!conn || left[r] || !conn->ops->hung_up(conn)) {
             continue;
         }
         int announced = peer_announced_leave(comm, r);

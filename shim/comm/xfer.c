@@ -1,17 +1,13 @@
 /* The data engine (see xfer.h). */
 #include <errno.h>
 #include <inttypes.h>
-#include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 
 #include "net.h"
 #include "status.h"
-#include "transport/shm/shm_copy.h"
-#include "transport/shm/shm_ring.h"
 #include "xfer.h"
 
 #define WIRE_MAGIC   0x4D485344u /* "DSHM" */
@@ -166,17 +162,15 @@ static size_t pad_of(size_t len)
     return (8 - (len & 7)) & 7;
 }
 
-/* Whether a receive over shared memory copies out with streaming stores:
- * when the message, or the collective it is a piece of (a ring step carries
- * 1/N of an allreduce's buffer), is too large for the cache to keep. */
-static int streams_out(const dshim_comm_t *comm, const dshim_coll_sig_t *sig, const dshim_xfer_op_t *op,
-                       size_t esize)
+/* The data a receive's destination belongs to, for the transport's
+ * recv_stream: the message, or the collective it is a piece of (a ring step
+ * carries 1/N of an allreduce's buffer), whichever is larger.  When that is
+ * too large for the cache to keep, a transport may copy out with streaming
+ * stores. */
+static size_t receive_span(const dshim_coll_sig_t *sig, const dshim_xfer_op_t *op, size_t esize)
 {
-    if (comm->shm_stream_min == 0) {
-        return 0;
-    }
     size_t whole = sig->count <= SIZE_MAX / esize ? (size_t)sig->count * esize : SIZE_MAX;
-    return op->len >= comm->shm_stream_min || whole >= comm->shm_stream_min;
+    return op->len > whole ? op->len : whole;
 }
 
 /* One step of progress on one op; *moved set when bytes moved. */
@@ -213,14 +207,11 @@ static dshim_status_t progress_op(dshim_comm_t *comm, const dshim_coll_sig_t *si
              * the check fails, the collective fails and rbuf is undefined
              * anyway, as after any failed call */
             DSHIM_CHECK(c->ops->recv2(c, op->hdr + op->hoff, hleft, op->rbuf, body, &n));
+        } else if (op->kind == DSHIM_XF_RECV_REDUCE && c->ops->recv_ahead) {
+            /* the payload will be peeked: the transport may read it ahead
+             * together with the header */
+            DSHIM_CHECK(c->ops->recv_ahead(c, op->hdr + op->hoff, hleft, &n));
         } else {
-            if (op->kind == DSHIM_XF_RECV_REDUCE && !c->is_shm) {
-                /* fill the transport's staging buffer first, so that the
-                 * header and the payload after it arrive in one system call */
-                const void *ptr;
-                size_t avail;
-                DSHIM_CHECK(c->ops->peek(c, &ptr, &avail));
-            }
             DSHIM_CHECK(c->ops->recv(c, op->hdr + op->hoff, hleft, &n));
         }
         if (n > hleft) {
@@ -249,17 +240,9 @@ static dshim_status_t progress_op(dshim_comm_t *comm, const dshim_coll_sig_t *si
             n = 0;
             if (op->kind == DSHIM_XF_SEND) {
                 DSHIM_CHECK(c->ops->send(c, (const char *)op->sbuf + op->done, piece_end - op->done, &n));
-            } else if (op->kind == DSHIM_XF_RECV && c->is_shm && streams_out(comm, sig, op, esize)) {
-                /* out of the ring with streaming stores (shm_copy.h says why) */
-                const void *ptr;
-                size_t avail;
-                DSHIM_CHECK(c->ops->peek(c, &ptr, &avail));
-                size_t want = piece_end - op->done;
-                n = avail < want ? avail : want;
-                if (n) {
-                    dshim_copy_streaming((char *)op->rbuf + op->done, ptr, n);
-                    DSHIM_CHECK(c->ops->consume(c, n));
-                }
+            } else if (op->kind == DSHIM_XF_RECV && c->ops->recv_stream) {
+                DSHIM_CHECK(c->ops->recv_stream(c, (char *)op->rbuf + op->done, piece_end - op->done,
+                                                receive_span(sig, op, esize), &n));
             } else if (op->kind == DSHIM_XF_RECV) {
                 DSHIM_CHECK(c->ops->recv(c, (char *)op->rbuf + op->done, piece_end - op->done, &n));
             } else {
@@ -487,33 +470,27 @@ static void missing_ranks(dshim_comm_t *comm, uint64_t seq, char *out, size_t le
     }
 }
 
-/* Polls the sockets of the peers we wait on; returns an error when one of
- * them is closed (for shm peers the socket only carries this signal). */
-static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, uint32_t bell,
-                                      int timeout_ms)
+/* Sleeps until a connection we are blocked on may move (the transports'
+ * waiter: a wake-up of their own, or the sockets); an error when the peer of
+ * one of them is gone. */
+static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, int timeout_ms)
 {
-    struct pollfd pfd[64];
-    int owner[64];
-    int np = 0, shm_pending = 0, any_source = 0;
-    for (int i = 0; i < n && np < 64; i++) {
+    dshim_wait_set_t ws;
+    int any_source = 0;
+    dshim_wait_set_init(&ws);
+    for (int i = 0; i < n && !dshim_wait_set_full(&ws); i++) {
         dshim_xfer_op_t *op = &ops[i];
         if (next_to_bind(op)) {
             /* a message from any of its candidates would bind it, and the
              * death of one must be noticed; not those whose stream starts
              * with another kind of message (their socket stays readable) */
             any_source = 1;
-            for (int p = 0; p < comm->size && np < 64; p++) {
+            for (int p = 0; p < comm->size && !dshim_wait_set_full(&ws); p++) {
                 int front = FRONT_EMPTY;
                 if (!candidate(comm, ops, i, p) || stream_front(comm, p, &front) != DSHIM_OK || front != FRONT_EMPTY) {
                     continue;
                 }
-                dshim_conn_t *c = comm->conns[p];
-                shm_pending |= c->is_shm;
-                pfd[np].fd = c->fd;
-                pfd[np].events = POLLIN;
-                pfd[np].revents = 0;
-                owner[np] = p;
-                np++;
+                dshim_wait_set_add(&ws, &comm->waiter, comm->conns[p], 0);
             }
             continue;
         }
@@ -526,51 +503,13 @@ static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, 
              * that starves the peers we wait for when ranks outnumber cores */
             continue;
         }
-        dshim_conn_t *c = comm->conns[op->peer];
-        if (c->is_shm) {
-            shm_pending = 1;
-            pfd[np].events = POLLIN; /* EOF or an unexpected byte = the peer is gone */
-        } else {
-            pfd[np].events = op->kind == DSHIM_XF_SEND ? POLLOUT : POLLIN;
-        }
-        pfd[np].fd = c->fd;
-        pfd[np].revents = 0;
-        owner[np] = op->peer;
-        np++;
+        dshim_wait_set_add(&ws, &comm->waiter, comm->conns[op->peer], op->kind == DSHIM_XF_SEND);
     }
-    if (shm_pending) {
-        /* sleep on the doorbell, then look at the control sockets without waiting */
-        int tcp_too = 0;
-        for (int i = 0; i < np; i++) {
-            tcp_too |= !comm->conns[owner[i]]->is_shm;
-        }
-        dshim_shm_doorbell_wait(comm->inbox, bell, tcp_too ? 1000 : (long)timeout_ms * 1000);
-        timeout_ms = 0;
-    }
-    if (np == 0 && timeout_ms > 1 && !any_source) {
+    if (ws.n == 0 && timeout_ms > 1 && !any_source) {
         timeout_ms = 1; /* cannot happen (a dependency is always pending), but never sleep blind */
     }
-    int rc = poll(pfd, (nfds_t)np, timeout_ms);
-    if (rc < 0 && errno != EINTR) {
-        return dshim_error_quiet(DSHIM_ERR_SYSTEM, "poll failed: %s", strerror(errno));
-    }
-    for (int i = 0; rc > 0 && i < np; i++) {
-        dshim_conn_t *c = comm->conns[owner[i]];
-        if (!c->is_shm || !(pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) {
-            continue;
-        }
-        char b;
-        ssize_t got = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) || got > 0) {
-            /* a shm peer that died may still have left data: only fail once
-             * the caller saw no progress (it did: that is why we sleep) */
-            return dshim_error_quiet(DSHIM_ERR_PEER,
-                                     "rank %d closed its connection (it exited, crashed or was killed)", c->peer);
-        }
-    }
-    return DSHIM_OK;
+    return dshim_waiter_sleep(&comm->waiter, &ws, timeout_ms);
 }
-
 
 static dshim_status_t fail_step(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st)
 {
@@ -640,6 +579,12 @@ dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim
     return dshim_xfer_ex(comm, sig, ops, n, NULL);
 }
 
+/* the one place that words a timeout: the torch plugin reports this text as
+ * is (python/dshim/_comm.py), and torch's own tests look for " timeout " */
+#define TIMEOUT_WHY                                                                                                  \
+    "(no progress for that long: the communicator's timeout for a stalled operation, DSHIM_TIMEOUT or the one the " \
+    "framework set, e.g. torch's init_process_group timeout)"
+
 dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
                              const dshim_xfer_hooks_t *hooks)
 {
@@ -655,7 +600,8 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
     unsigned idle_loops = 0;
     int next_source = (comm->rank + 1) % comm->size;
     while (1) {
-        uint32_t bell = comm->inbox ? dshim_shm_doorbell_read(comm->inbox) : 0;
+        /* before looking at the connections: a wake-up after the look is not lost */
+        dshim_waiter_arm(&comm->waiter);
         int remaining = 0, moved = 0;
         dshim_status_t bst = bind_any_sources(comm, ops, n, &next_source);
         if (bst != DSHIM_OK) {
@@ -701,7 +647,7 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             return comm->error;
         }
         /* nothing moved: spin a little (peers are usually microseconds away),
-         * then sleep on the doorbell / sockets */
+         * then sleep until a connection may move */
         double now = dshim_now();
         if (idle_loops++ == 0) {
             last_progress = now;
@@ -729,20 +675,20 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             if (sig->coll == DSHIM_COLL_P2P) {
                 /* point-to-point messages are numbered per peer: no arrival
                  * marks; `who` names the peers that did not send */
-                dshim_error_quiet(DSHIM_ERR_TIMEOUT, "no progress for %.0f s (DSHIM_TIMEOUT) while %s",
+                dshim_error_quiet(DSHIM_ERR_TIMEOUT, "did not complete within %g s " TIMEOUT_WHY " while %s",
                                   comm->timeout_s, who);
                 return fail_step(comm, sig, DSHIM_ERR_TIMEOUT);
             }
             missing_ranks(comm, sig->seq, missing, sizeof(missing));
             dshim_error_quiet(DSHIM_ERR_TIMEOUT,
-                              "no progress for %.0f s (DSHIM_TIMEOUT) while %s; ranks that did not arrive at this "
-                              "collective: %s",
+                              "did not complete within %g s " TIMEOUT_WHY " while %s; ranks that did not arrive "
+                              "at this collective: %s",
                               comm->timeout_s, who, missing[0] ? missing : "none known (check the other ranks' logs)");
             return fail_step(comm, sig, DSHIM_ERR_TIMEOUT);
         }
         double left = comm->timeout_s - waited;
         int tmo = left > 0.1 ? 100 : (int)(left * 1000) + 1;
-        dshim_status_t st = wait_for_events(comm, ops, n, bell, tmo);
+        dshim_status_t st = wait_for_events(comm, ops, n, tmo);
         if (st != DSHIM_OK) {
             char cause[512];
             snprintf(cause, sizeof(cause), "%s", dshim_last_error());

@@ -1,6 +1,8 @@
 /*
  * Loading the optional CUDA reduction backend (libdshim-cuda.so) at run time.
- * Compiled into the core on every machine; needs no CUDA headers.
+ * Compiled into the core on every machine; needs no CUDA headers.  Private to
+ * shim/gpu: other modules reduce device memory through gpu_reduce.h (tests
+ * may use the ops table directly).
  */
 #ifndef DSHIM_CUDA_LOADER_H
 #define DSHIM_CUDA_LOADER_H

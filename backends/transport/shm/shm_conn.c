@@ -2,7 +2,9 @@
  * The "shm" dshim_conn: sends go into ring `my_rank` of the peer's inbox,
  * receives come from ring `peer_rank` of our own inbox.  Every call that
  * moves bytes rings the peer's doorbell (its inbox), since the peer waits on
- * that one bell for both "data arrived" and "space freed".
+ * that one bell for both "data arrived" and "space freed".  Also the
+ * registry's entry dshim_transport_shm: these per-connection ops plus the
+ * per-communicator ones of shm_comm.c.
  */
 #include <errno.h>
 #include <poll.h>
@@ -10,8 +12,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "net.h"
 #include "status.h"
+#include "transport/shm/shm_comm.h"
+#include "transport/shm/shm_copy.h"
 #include "transport/shm/shm_layout.h"
 
 /* Calls without progress between two looks at the control socket: a poll()
@@ -26,6 +31,7 @@ typedef struct shm_conn {
     dshim_shm_producer_t tx;
     dshim_shm_consumer_t rx;
     unsigned idle_calls;
+    size_t stream_min; /* recv_stream copies with streaming stores from this span on (0 = never) */
 } shm_conn_t;
 
 static dshim_status_t peer_gone(shm_conn_t *sc)
@@ -127,6 +133,31 @@ static dshim_status_t shm_consume(dshim_conn_t *c, size_t n)
     return DSHIM_OK;
 }
 
+/* Out of the ring with streaming stores when the destination is too large
+ * to stay in cache (shm_copy.h says why). */
+static dshim_status_t shm_recv_stream(dshim_conn_t *c, void *buf, size_t len, size_t span, size_t *n_p)
+{
+    shm_conn_t *sc = (shm_conn_t *)c;
+    if (sc->stream_min == 0 || span < sc->stream_min) {
+        return shm_recv(c, buf, len, n_p);
+    }
+    const void *ptr;
+    size_t avail;
+    DSHIM_CHECK(shm_peek(c, &ptr, &avail));
+    size_t n = avail < len ? avail : len;
+    *n_p = n;
+    if (n) {
+        dshim_copy_streaming(buf, ptr, n);
+        DSHIM_CHECK(shm_consume(c, n));
+    }
+    return DSHIM_OK;
+}
+
+static int shm_hung_up(dshim_conn_t *c)
+{
+    return dshim_net_hung_up(c->fd);
+}
+
 static void shm_destroy(dshim_conn_t *c)
 {
     if (c == NULL) {
@@ -138,13 +169,23 @@ static void shm_destroy(dshim_conn_t *c)
     free(c);
 }
 
-static const dshim_transport_ops_t shm_ops = {
-    .name = "shm",
-    .send = shm_send,
-    .recv = shm_recv,
-    .peek = shm_peek,
-    .consume = shm_consume,
-    .destroy = shm_destroy,
+const dshim_transport_t dshim_transport_shm = {
+    .name        = "shm",
+    .host_local  = 1,
+    .setup       = dshim_shm_comm_setup,
+    .reaches     = dshim_shm_comm_reaches,
+    .connect     = dshim_shm_comm_connect,
+    .connected   = dshim_shm_comm_connected,
+    .teardown    = dshim_shm_comm_teardown,
+    .wait_arm    = dshim_shm_comm_wait_arm,
+    .wait        = dshim_shm_comm_wait,
+    .send        = shm_send,
+    .recv        = shm_recv,
+    .peek        = shm_peek,
+    .consume     = shm_consume,
+    .recv_stream = shm_recv_stream,
+    .hung_up     = shm_hung_up,
+    .destroy     = shm_destroy,
 };
 
 /* On failure control_fd stays the caller's (it is closed only by destroy). */
@@ -169,10 +210,10 @@ dshim_status_t dshim_shm_conn_create(dshim_shm_seg_t *my_inbox, dshim_shm_seg_t 
     if (sc == NULL) {
         return dshim_error(DSHIM_ERR_NOMEM, "shm: out of memory for the connection to peer rank %d", peer_rank);
     }
-    sc->base.ops = &shm_ops;
+    sc->base.ops = &dshim_transport_shm;
     sc->base.peer = peer_rank;
     sc->base.fd = control_fd;
-    sc->base.is_shm = 1;
+    sc->stream_min = dshim_config()->shm_stream_min;
     sc->my_inbox = my_inbox;
     sc->peer_inbox = peer_inbox;
     dshim_shm_producer_init(&sc->tx, &tx_ring);

@@ -1,5 +1,7 @@
 /*
- * TCP transport: one non-blocking socket per peer.
+ * TCP transport: one non-blocking socket per peer, the very socket the
+ * bootstrap handshook with it.  It reaches every peer and needs no
+ * per-communicator state, which makes it the registry's fallback.
  *
  * recv() goes straight into the caller's buffer when nothing is staged, so
  * copy-only transfers cost one kernel copy.  peek() reads into a small
@@ -7,6 +9,7 @@
  * after the kernel wrote it) so reductions can combine incoming bytes
  * without a second user-space copy.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +17,15 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "config.h"
+#include "net.h"
 #include "status.h"
 #include "transport/transport.h"
+
+/* Bytes of the staging buffer peek() reads into: large enough that one
+ * system call brings a good piece of a message, small enough to stay in L2
+ * for the reduction that reads it next. */
+#define TCP_STAGING_BYTES (256 * 1024)
 
 typedef struct tcp_conn {
     dshim_conn_t base;
@@ -24,6 +34,8 @@ typedef struct tcp_conn {
     size_t stage_off;  /* first unconsumed byte */
     size_t stage_len;  /* end of valid bytes */
 } tcp_conn_t;
+
+extern const dshim_transport_t dshim_transport_tcp; /* defined at the end: its ops come first */
 
 static dshim_status_t peer_error(tcp_conn_t *c, int err)
 {
@@ -164,6 +176,22 @@ static dshim_status_t tcp_consume(dshim_conn_t *conn, size_t n)
     return DSHIM_OK;
 }
 
+/* A header the engine follows with peek (RECV_REDUCE): fill the staging
+ * buffer first, so the header and the payload after it arrive in one
+ * system call. */
+static dshim_status_t tcp_recv_ahead(dshim_conn_t *conn, void *buf, size_t len, size_t *n_p)
+{
+    const void *ptr;
+    size_t avail;
+    DSHIM_CHECK(tcp_peek(conn, &ptr, &avail));
+    return tcp_recv(conn, buf, len, n_p);
+}
+
+static int tcp_hung_up(dshim_conn_t *conn)
+{
+    return dshim_net_hung_up(conn->fd);
+}
+
 static void tcp_destroy(dshim_conn_t *conn)
 {
     tcp_conn_t *c = (tcp_conn_t *)conn;
@@ -174,18 +202,8 @@ static void tcp_destroy(dshim_conn_t *conn)
     free(c);
 }
 
-static const dshim_transport_ops_t tcp_ops = {
-    .name    = "tcp",
-    .send    = tcp_send,
-    .recv    = tcp_recv,
-    .peek    = tcp_peek,
-    .consume = tcp_consume,
-    .send2   = tcp_send2,
-    .recv2   = tcp_recv2,
-    .destroy = tcp_destroy,
-};
-
-dshim_status_t dshim_tcp_conn_create(int fd, int peer, size_t staging_bytes, dshim_conn_t **conn_p)
+/* Takes ownership of a connected, handshaken socket (on success only). */
+static dshim_status_t tcp_conn_create(int fd, int peer, size_t staging_bytes, dshim_conn_t **conn_p)
 {
     tcp_conn_t *c = calloc(1, sizeof(*c));
     if (!c) {
@@ -197,10 +215,34 @@ dshim_status_t dshim_tcp_conn_create(int fd, int peer, size_t staging_bytes, dsh
         free(c);
         return dshim_error(DSHIM_ERR_NOMEM, "out of memory for tcp staging (%zu bytes)", staging_bytes);
     }
-    c->base.ops = &tcp_ops;
+    c->base.ops = &dshim_transport_tcp;
     c->base.peer = peer;
     c->base.fd = fd;
-    c->base.is_shm = 0;
     *conn_p = &c->base;
     return DSHIM_OK;
 }
+
+static dshim_status_t tcp_connect(void *state, const dshim_transport_peer_t *peer, int fd, dshim_conn_t **conn_p)
+{
+    (void)state;
+    const dshim_config_t *cfg = dshim_config();
+    dshim_net_tune(fd, cfg->socket_bufsize);
+    /* on this host even when host ids differ (DSHIM_HOST_ID) */
+    int local = peer->same_host || peer->ip == peer->my_ip || (ntohl(peer->ip) >> 24) == 127;
+    dshim_net_set_cc(fd, local);
+    return tcp_conn_create(fd, peer->rank, TCP_STAGING_BYTES, conn_p);
+}
+
+const dshim_transport_t dshim_transport_tcp = {
+    .name       = "tcp",
+    .connect    = tcp_connect,
+    .send       = tcp_send,
+    .recv       = tcp_recv,
+    .peek       = tcp_peek,
+    .consume    = tcp_consume,
+    .send2      = tcp_send2,
+    .recv2      = tcp_recv2,
+    .recv_ahead = tcp_recv_ahead,
+    .hung_up    = tcp_hung_up,
+    .destroy    = tcp_destroy,
+};

@@ -1,15 +1,16 @@
-/* Finding the process's CUDA runtime at run time (see nccl_cuda.h). */
+/* Finding the process's CUDA runtime at run time (see gpu_runtime.h). */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <string.h>
 
+#include "gpu_runtime.h"
+#include "log.h"
 #include "net.h"
-#include "nccl/nccl_cuda.h"
-#include "nccl/nccl_internal.h"
 #include "status.h"
 
-static pthread_mutex_t cuda_lock = PTHREAD_MUTEX_INITIALIZER;
-static dshim_nccl_cuda_api_t api;
-static const dshim_nccl_cuda_api_t *api_ptr;  /* set once found */
+static pthread_mutex_t runtime_lock = PTHREAD_MUTEX_INITIALIZER;
+static dshim_gpu_runtime_t table;
+static const dshim_gpu_runtime_t *table_ptr;  /* set once found */
 static double last_probe = -1e9;
 
 #define PROBE_EVERY_S 1.0
@@ -43,8 +44,8 @@ static int load(void *h)
 {
 #define SYM(field, name)                                                       \
     do {                                                                       \
-        *(void **)&api.field = dlsym(h, name);                                 \
-        if (!api.field) {                                                      \
+        *(void **)&table.field = dlsym(h, name);                               \
+        if (!table.field) {                                                    \
             DSHIM_WARN("CUDA runtime found but %s is missing: device buffers unsupported", name); \
             return -1;                                                         \
         }                                                                      \
@@ -73,104 +74,104 @@ static int load(void *h)
 #undef SYM
     void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
     if (drv) {
-        *(void **)&api.StreamWaitValue32 = dlsym(drv, "cuStreamWaitValue32_v2");
-        if (!api.StreamWaitValue32) {
-            *(void **)&api.StreamWaitValue32 = dlsym(drv, "cuStreamWaitValue32");
+        *(void **)&table.StreamWaitValue32 = dlsym(drv, "cuStreamWaitValue32_v2");
+        if (!table.StreamWaitValue32) {
+            *(void **)&table.StreamWaitValue32 = dlsym(drv, "cuStreamWaitValue32");
         }
     }
     return 0;
 }
 
-const dshim_nccl_cuda_api_t *dshim_nccl_cuda_api(void)
+const dshim_gpu_runtime_t *dshim_gpu_runtime(void)
 {
-    const dshim_nccl_cuda_api_t *p = __atomic_load_n(&api_ptr, __ATOMIC_ACQUIRE);
+    const dshim_gpu_runtime_t *p = __atomic_load_n(&table_ptr, __ATOMIC_ACQUIRE);
     if (p) {
         return p;
     }
-    pthread_mutex_lock(&cuda_lock);
+    pthread_mutex_lock(&runtime_lock);
     double now = dshim_now();
-    if (!api_ptr && now - last_probe >= PROBE_EVERY_S) {
+    if (!table_ptr && now - last_probe >= PROBE_EVERY_S) {
         last_probe = now;
         void *h = runtime_handle();
         if (h && load(h) == 0) {
-            DSHIM_INFO("NCCL API: using the process's CUDA runtime for device buffers (stream waits: %s)",
-                       api.StreamWaitValue32 ? "cuStreamWaitValue32" : "host function");
-            __atomic_store_n(&api_ptr, &api, __ATOMIC_RELEASE);
+            DSHIM_INFO("using the process's CUDA runtime for device buffers (stream waits: %s)",
+                       table.StreamWaitValue32 ? "cuStreamWaitValue32" : "host function");
+            __atomic_store_n(&table_ptr, &table, __ATOMIC_RELEASE);
         }
     }
-    p = api_ptr;
-    pthread_mutex_unlock(&cuda_lock);
+    p = table_ptr;
+    pthread_mutex_unlock(&runtime_lock);
     return p;
 }
 
-int dshim_nccl_cuda_present(void)
+int dshim_gpu_present(void)
 {
-    return dshim_nccl_cuda_api() != NULL;
+    return dshim_gpu_runtime() != NULL;
 }
 
-int dshim_nccl_cuda_memtype(const void *ptr)
+const char *dshim_gpu_error_text(const dshim_gpu_runtime_t *rt, dshim_gpu_err_t e)
 {
-    const dshim_nccl_cuda_api_t *a = dshim_nccl_cuda_api();
-    if (!a || !ptr) {
-        return 0;
+    rt->GetLastError();
+    return rt->GetErrorString(e);
+}
+
+dshim_gpu_memtype_t dshim_gpu_memtype(const void *ptr)
+{
+    const dshim_gpu_runtime_t *rt = dshim_gpu_runtime();
+    if (!rt || !ptr) {
+        return DSHIM_GPU_MEM_UNREGISTERED;
     }
-    /* room for a runtime newer than the header that grew the struct */
-    union {
-        struct cudaPointerAttributes attr;
-        char pad[256];
-    } u;
-    memset(&u, 0, sizeof(u));
-    if (a->PointerGetAttributes(&u.attr, ptr) != cudaSuccess) {
+    dshim_gpu_pointer_attr_t attr;
+    memset(&attr, 0, sizeof(attr));
+    if (rt->PointerGetAttributes(&attr, ptr) != DSHIM_GPU_SUCCESS) {
         /* old runtimes fail on unregistered host memory: clear the error,
          * or the application's next cudaGetLastError() would report it */
-        a->GetLastError();
-        return 0;
+        rt->GetLastError();
+        return DSHIM_GPU_MEM_UNREGISTERED;
     }
-    return (int)u.attr.type;
+    return (dshim_gpu_memtype_t)attr.type;
 }
 
-int dshim_nccl_cuda_is_device_ptr(const void *ptr)
+int dshim_gpu_is_cuda_ptr(const void *ptr)
 {
     /* device, managed, and pinned host memory (whose users expect stream
-     * order) go through the CUDA executor */
-    return dshim_nccl_cuda_memtype(ptr) != cudaMemoryTypeUnregistered;
+     * order) are reached through CUDA */
+    return dshim_gpu_memtype(ptr) != DSHIM_GPU_MEM_UNREGISTERED;
 }
 
-int dshim_nccl_cuda_current_device(void)
+int dshim_gpu_current_device(void)
 {
-    const dshim_nccl_cuda_api_t *a = dshim_nccl_cuda_api();
+    const dshim_gpu_runtime_t *rt = dshim_gpu_runtime();
     int dev = 0;
-    if (a && a->GetDevice(&dev) != cudaSuccess) {
-        a->GetLastError();
+    if (rt && rt->GetDevice(&dev) != DSHIM_GPU_SUCCESS) {
+        rt->GetLastError();
         dev = 0;
     }
     return dev;
 }
 
-dshim_status_t dshim_nccl_cuda_malloc(void **ptr, size_t size)
+dshim_status_t dshim_gpu_malloc(void **ptr, size_t size)
 {
-    const dshim_nccl_cuda_api_t *a = dshim_nccl_cuda_api();
-    if (!a) {
+    const dshim_gpu_runtime_t *rt = dshim_gpu_runtime();
+    if (!rt) {
         return dshim_error(DSHIM_ERR_UNSUPPORTED, "no CUDA runtime in this process");
     }
-    cudaError_t e = a->Malloc(ptr, size);
-    if (e != cudaSuccess) {
-        a->GetLastError();
-        return dshim_error(DSHIM_ERR_NOMEM, "cudaMalloc of %zu bytes failed: %s", size, a->GetErrorString(e));
+    dshim_gpu_err_t e = rt->Malloc(ptr, size);
+    if (e != DSHIM_GPU_SUCCESS) {
+        return dshim_error(DSHIM_ERR_NOMEM, "cudaMalloc of %zu bytes failed: %s", size, dshim_gpu_error_text(rt, e));
     }
     return DSHIM_OK;
 }
 
-dshim_status_t dshim_nccl_cuda_free(void *ptr)
+dshim_status_t dshim_gpu_free(void *ptr)
 {
-    const dshim_nccl_cuda_api_t *a = dshim_nccl_cuda_api();
-    if (!a) {
+    const dshim_gpu_runtime_t *rt = dshim_gpu_runtime();
+    if (!rt) {
         return dshim_error(DSHIM_ERR_UNSUPPORTED, "no CUDA runtime in this process");
     }
-    cudaError_t e = a->Free(ptr);
-    if (e != cudaSuccess) {
-        a->GetLastError();
-        return dshim_error(DSHIM_ERR_INVALID, "cudaFree(%p) failed: %s", ptr, a->GetErrorString(e));
+    dshim_gpu_err_t e = rt->Free(ptr);
+    if (e != DSHIM_GPU_SUCCESS) {
+        return dshim_error(DSHIM_ERR_INVALID, "cudaFree(%p) failed: %s", ptr, dshim_gpu_error_text(rt, e));
     }
     return DSHIM_OK;
 }

@@ -1,0 +1,109 @@
+/*
+ * The shm transport in one communicator: this rank's inbox segment (created
+ * at setup, its name published in the peer record, its file removed once
+ * every peer mapped it), the peers' inboxes (mapped at connect) and the
+ * doorbell of the inbox, on which the engine sleeps.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "log.h"
+#include "status.h"
+#include "transport/shm/shm_comm.h"
+#include "transport/shm/shm_ring.h"
+
+typedef struct shm_comm {
+    int rank, size;
+    char dir[4096];
+    size_t ring_size;
+    dshim_shm_seg_t *inbox;
+    dshim_shm_seg_t **peer_inbox; /* [size], mapped by connect */
+} shm_comm_t;
+
+dshim_status_t dshim_shm_comm_setup(const dshim_transport_comm_t *comm, void **state_p, char *addr,
+                                    size_t addr_len)
+{
+    const dshim_config_t *cfg = dshim_config();
+    *state_p = NULL;
+    addr[0] = 0;
+    shm_comm_t *sc = calloc(1, sizeof(*sc));
+    dshim_shm_seg_t **peer_inbox = calloc((size_t)comm->size, sizeof(*peer_inbox));
+    if (!sc || !peer_inbox) {
+        free(sc);
+        free(peer_inbox);
+        return dshim_error(DSHIM_ERR_NOMEM, "out of memory for %d peers", comm->size);
+    }
+    sc->rank = comm->rank;
+    sc->size = comm->size;
+    snprintf(sc->dir, sizeof(sc->dir), "%s", cfg->shm_dir);
+    sc->ring_size = cfg->shm_ring_size;
+    sc->peer_inbox = peer_inbox;
+    /* pid + communicator hash: unique on this host, and a stale file of a
+     * crashed job cannot be adopted (create is O_EXCL) */
+    snprintf(addr, addr_len, "dshim-%d-%016" PRIx64, (int)getpid(), comm->comm_hash);
+    dshim_status_t st = dshim_shm_seg_create(sc->dir, addr, comm->size, sc->ring_size, &sc->inbox);
+    if (st != DSHIM_OK) {
+        DSHIM_WARN("rank %d: shared memory unavailable (%s); using TCP between local ranks", comm->rank,
+                   dshim_last_error());
+        addr[0] = 0;
+        free(peer_inbox);
+        free(sc);
+        return DSHIM_OK;
+    }
+    *state_p = sc;
+    return DSHIM_OK;
+}
+
+int dshim_shm_comm_reaches(void *state, const dshim_transport_peer_t *peer)
+{
+    /* a peer without an inbox (its setup found shm unavailable) is reached
+     * over TCP from both ends */
+    return state != NULL && peer->same_host && peer->addr[0] != 0;
+}
+
+dshim_status_t dshim_shm_comm_connect(void *state, const dshim_transport_peer_t *peer, int fd,
+                                      dshim_conn_t **conn_p)
+{
+    shm_comm_t *sc = state;
+    DSHIM_CHECK(dshim_shm_seg_attach(sc->dir, peer->addr, sc->size, sc->ring_size, &sc->peer_inbox[peer->rank]));
+    return dshim_shm_conn_create(sc->inbox, sc->peer_inbox[peer->rank], sc->rank, peer->rank, fd, conn_p);
+}
+
+void dshim_shm_comm_connected(void *state)
+{
+    shm_comm_t *sc = state;
+    /* every peer mapped my inbox: the file can go, so a crash leaves
+     * nothing in /dev/shm */
+    if (sc) {
+        dshim_shm_seg_unlink(sc->inbox);
+    }
+}
+
+void dshim_shm_comm_teardown(void *state)
+{
+    shm_comm_t *sc = state;
+    if (!sc) {
+        return;
+    }
+    for (int r = 0; r < sc->size; r++) {
+        dshim_shm_seg_detach(sc->peer_inbox[r]);
+    }
+    /* detach also removes the file of an inbox that was never unlinked
+     * (an error before every peer connected) */
+    dshim_shm_seg_detach(sc->inbox);
+    free(sc->peer_inbox);
+    free(sc);
+}
+
+uint32_t dshim_shm_comm_wait_arm(void *state)
+{
+    return dshim_shm_doorbell_read(((shm_comm_t *)state)->inbox);
+}
+
+dshim_status_t dshim_shm_comm_wait(void *state, uint32_t armed, long timeout_us)
+{
+    return dshim_shm_doorbell_wait(((shm_comm_t *)state)->inbox, armed, timeout_us);
+}
