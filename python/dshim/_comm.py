@@ -1,6 +1,12 @@
 """One dshim communicator per torch process group: its rendezvous through the
-torch store, its completion thread, and the watchdog that enforces the
-group's timeout.
+torch store and its completion thread.
+
+Timeouts, the ranks that never reached a collective, dead peers and
+mismatches are decided and worded by the C core (the group's timeout is the
+communicator's, dshim_comm_set_timeout); an operation's RuntimeError is the
+core's verdict led by torch's name of the operation.  Only the rendezvous,
+which waits in torch's store before any dshim communicator exists, keeps a
+timeout of its own here.
 
 Asynchronous operations are issued with the non-blocking dshim_i* calls and
 return at once; dshim completes the requests of one communicator in issue
@@ -29,7 +35,6 @@ log = logging.getLogger("dshim")
 _Future = torch.futures.Future
 _byref = ctypes.byref
 _c_void_p = ctypes.c_void_p
-_now = time.monotonic
 _BOOTSTRAP_KEY = "dshim/bootstrap"
 _READERS_KEY = "dshim/bootstrap_readers"
 _JOINED_KEY = "dshim/joined/"          # + group rank: "this rank reached the rendezvous"
@@ -113,6 +118,9 @@ def _wait_bootstrap(store, rank, size, timeout_s):
     """Rank 0's published store address; on timeout an error naming the ranks
     that never reached the rendezvous (not only "timeout").
 
+    This timeout stays in Python: the wait is in torch's store, before any dshim
+    communicator (and so the C core's timeout) exists.
+
     Waits in slices and notes who is missing after each: the torch store lives
     in rank 0's process, and when rank 0 gives up first (its TCPStore waits for
     the same missing ranks with the same timeout) the store is gone by the time
@@ -182,35 +190,20 @@ def _rendezvous(store, rank, size, timeout_s=None):
 
 
 # --------------------------------------------------------------------------
-# one dshim communicator, its completion thread and its watchdog entry
+# one dshim communicator and its completion thread
 # --------------------------------------------------------------------------
 
 class _Op:
-    __slots__ = ("label", "seq", "reqs", "fut", "keep", "post", "result", "t_issue", "timeout", "done", "err",
-                 "announced")
+    __slots__ = ("label", "seq", "ncoll", "reqs", "fut", "keep", "post", "result", "done", "err", "status")
 
 
 _live = []                 # open communicators, in creation order (atexit closes them)
 _live_lock = threading.Lock()
-_watch_wake = threading.Event()
-_watch_thread = None
-_watch_pid = None          # threads do not survive fork: a child starts its own watchdog
 _atexit_registered = False
 
-
-def _watchdog_main():
-    while True:
-        with _live_lock:
-            comms = list(_live)
-        interval = 1.0
-        now = _now()
-        for c in comms:
-            try:
-                interval = min(interval, c._check_timeout(now))
-            except Exception:   # never let the watchdog die
-                log.exception("dshim: watchdog")
-        _watch_wake.wait(max(interval, 0.02))
-        _watch_wake.clear()
+# How the C core's timeout verdict names the ranks that never reached the
+# collective (shim/comm/xfer.c); restated against torch's name of the operation.
+_C_MISSING = "ranks that did not arrive at this collective: "
 
 
 def _at_exit():
@@ -225,7 +218,7 @@ def _at_exit():
 
 class _Comm:
     def __init__(self, store, rank, size, timeout_s, desc):
-        global _watch_thread, _watch_pid, _atexit_registered
+        global _atexit_registered
         self.lib = _lib.lib()
         self.rank = rank
         self.size = size
@@ -243,18 +236,18 @@ class _Comm:
             raise RuntimeError(f"dshim: rank {rank}/{size} ({desc}): joining the group through the store at "
                                f"{addr}:{port} failed: {_lib.last_error()}")
         self.comm = handle.value
-        # dshim's own no-progress limit follows the group's timeout (torch's default is
-        # 30 min, DSHIM_TIMEOUT's 300 s); the watchdog below stays a second ahead of it
-        self.lib.dshim_comm_set_timeout(self.comm, ctypes.c_double(timeout_s + 1.0))
+        # The C core is the one authority on timeouts: it fails an operation that
+        # makes no progress for this long, names the ranks that never reached a
+        # collective, and tells the peers.  The group's timeout (torch's default is
+        # 30 min, DSHIM_TIMEOUT's 300 s) replaces DSHIM_TIMEOUT for this group.
+        self.lib.dshim_comm_set_timeout(self.comm, ctypes.c_double(timeout_s))
         self.transport = (self.lib.dshim_comm_transport(self.comm) or b"?").decode()
         self._q = queue.SimpleQueue()
         self._thread = None
         self._thread_lock = threading.Lock()
-        self._ops = collections.deque()
+        self._ops = collections.deque()   # issued and not finished, oldest first (names them at exit)
         self._ops_lock = threading.Lock()
-        self._last_done = _now()
         self._seq = 0
-        self._timeout_msg = None
         self._closed = False
         self._close_lock = threading.Lock()
         self._handle_lock = threading.Lock()
@@ -263,34 +256,36 @@ class _Comm:
             if not _atexit_registered:
                 atexit.register(_at_exit)
                 _atexit_registered = True
-            if _watch_thread is None or _watch_pid != self.pid:
-                _watch_thread = threading.Thread(target=_watchdog_main, name="dshim-watchdog", daemon=True)
-                _watch_thread.start()
-                _watch_pid = self.pid
-        _watch_wake.set()   # a shorter timeout than the watchdog's current sleep
 
     # -- errors --------------------------------------------------------------
 
     def error_text(self):
-        """The communicator's error: the watchdog's timeout, else dshim's sticky error."""
-        if self._timeout_msg:
-            return self._timeout_msg
+        """The communicator's sticky error, as the C core words it."""
         buf = ctypes.create_string_buffer(1024)
         if self.comm and self.lib.dshim_comm_get_error(self.comm, buf, len(buf)) < 0 and buf.value:
             return buf.value.decode(errors="replace")
         return _lib.last_error()
 
-    def fail(self, label, cause):
-        return RuntimeError(f"dshim: rank {self.rank} ({self.desc}): {label} failed: {cause}")
+    def fail(self, op, cause, status=None):
+        """The RuntimeError of a failed operation: the C core's verdict, led by
+        torch's name of the operation.  When this operation is the collective the
+        core timed out on, the ranks it found missing are restated up front."""
+        head = f"dshim: rank {self.rank} ({self.desc}): {op.label} failed: "
+        if status == _lib.ERR_TIMEOUT and op.seq is not None and _C_MISSING in cause and \
+                any(f" #{s} (" in cause for s in range(op.seq, op.seq + op.ncoll)):
+            missing = cause.split(_C_MISSING, 1)[1].split(";", 1)[0]
+            head += f"ranks that did not arrive at it: {missing}; "
+        return RuntimeError(head + cause)
 
     # -- bookkeeping shared by both paths --------------------------------------
 
-    def new_op(self, name, timeout, ncoll):
+    def new_op(self, name, ncoll):
         """Records an operation about to be issued.  Collectives are numbered as
-        dshim numbers them (from 0, one per dshim collective), so a message from
-        the watchdog and one from dshim name the same call; point-to-point
-        operations have no number."""
+        dshim numbers them (from 0, one per dshim collective), so torch's label
+        and the C core's messages name the same call; point-to-point operations
+        have no number."""
         op = _Op()
+        op.ncoll = ncoll
         if ncoll:
             op.seq = self._seq
             op.label = f"{name} #{self._seq}"
@@ -298,63 +293,19 @@ class _Comm:
         else:
             op.seq = None
             op.label = name
-        op.t_issue = _now()
-        op.timeout = timeout if timeout else self.timeout_s
         op.done = False
-        op.announced = False
         op.err = None
+        op.status = None
         with self._ops_lock:
             self._ops.append(op)
         return op
 
     def op_done(self, op):
         op.done = True
-        t = _now()
         ops = self._ops
         with self._ops_lock:
-            self._last_done = t
             while ops and ops[0].done:
                 ops.popleft()
-
-    def _check_timeout(self, now):
-        """Called by the watchdog: aborts the communicator when the oldest
-        unfinished operation has been at the head longer than its timeout.
-        Returns how long the watchdog may sleep."""
-        if self._closed and not self._ops:
-            return 1.0
-        with self._ops_lock:
-            ops = self._ops
-            while ops and ops[0].done:
-                ops.popleft()
-            if not ops:
-                return min(1.0, self.timeout_s / 4)
-            head = ops[0]
-            start = max(head.t_issue, self._last_done)
-        waited = now - start
-        if waited > 1.0 and not head.announced and head.seq is not None:
-            # arrival marks in the torch store name, at a timeout, the ranks that never came
-            head.announced = True
-            self._store_quiet("set", f"dshim/arrive/{head.seq}/{self.rank}", "1")
-        left = head.timeout - waited
-        if left > 0:
-            return min(1.0, left, max(head.timeout / 4, 0.05))
-        if self._timeout_msg is None:
-            reason = (f"{head.label} did not complete within {head.timeout:g} s (the timeout given to "
-                      f"init_process_group/new_group)")
-            if head.seq is not None:
-                missing = [r for r in range(self.size)
-                           if not self._store_quiet("check", [f"dshim/arrive/{head.seq}/{r}"])]
-                reason += f"; ranks that did not arrive at it: {', '.join(map(str, missing)) or 'none known'}"
-            self._timeout_msg = reason
-            log.error("dshim: rank %d (%s): %s; aborting the communicator", self.rank, self.desc, reason)
-            self.abort(reason)
-        return 1.0
-
-    def _store_quiet(self, method, *args):
-        try:
-            return getattr(self.store, method)(*args)
-        except Exception:   # the store is a diagnostic aid here; its host may be gone
-            return None
 
     # -- the two ways to run an operation -------------------------------------
 
@@ -362,11 +313,11 @@ class _Comm:
         raise RuntimeError(f"dshim: rank {self.rank} ({self.desc}): {name} on a process group that was shut "
                            f"down (destroy_process_group)")
 
-    def run_sync(self, name, calls, post, timeout, coll=True):
+    def run_sync(self, name, calls, post, coll=True):
         """Runs blocking dshim calls in this thread; raises on error."""
         if self._closed:
             self._refuse_closed(name)
-        op = self.new_op(name, timeout, len(calls) if coll else 0)
+        op = self.new_op(name, len(calls) if coll else 0)
         comm = self.comm
         try:
             for i, (fn, args) in enumerate(calls):
@@ -375,33 +326,34 @@ class _Comm:
                     if st in (_lib.ERR_INVALID, _lib.ERR_UNSUPPORTED) and coll:
                         # refused before it was queued: dshim numbered neither it nor the rest
                         self._seq -= len(calls) - i
-                    raise self.fail(op.label, self._timeout_msg or _lib.last_error())
+                    raise self.fail(op, _lib.last_error(), st)
             if post is not None:
                 with torch.no_grad():
                     post()
         finally:
             self.op_done(op)
 
-    def run_async(self, name, calls, result, post, keep, timeout, coll=True):
+    def run_async(self, name, calls, result, post, keep, coll=True):
         """Issues non-blocking dshim calls; returns the Future the completion
         thread completes (after `post`)."""
         if self._closed:
             self._refuse_closed(name)
-        op = self.new_op(name, timeout, len(calls) if coll else 0)
+        op = self.new_op(name, len(calls) if coll else 0)
         comm = self.comm
         reqs = []
         for fn, args in calls:
             req = _c_void_p()
             st = fn(comm, *args, _byref(req))
             if st < 0:
-                op.err = self._timeout_msg or _lib.last_error()
+                op.err = _lib.last_error()
+                op.status = st
                 if coll:
                     self._seq -= len(calls) - len(reqs)
                 break
             reqs.append(req)
         if op.err is not None and not reqs:
             self.op_done(op)
-            raise self.fail(op.label, op.err)
+            raise self.fail(op, op.err, op.status)
         fut = _Future()
         op.reqs = reqs
         op.fut = fut
@@ -429,10 +381,11 @@ class _Comm:
             op = q.get()
             if op is None:
                 return
-            err = op.err
+            err, status = op.err, op.status
             for req in op.reqs:
-                if wait(req) < 0 and err is None:
-                    err = self.error_text()
+                st = wait(req)
+                if st < 0 and err is None:
+                    err, status = self.error_text(), st
                 free(req)
             fut = op.fut
             try:
@@ -449,7 +402,7 @@ class _Comm:
                 if err is None:
                     fut.set_result(result)
                 else:
-                    fut.set_exception(self.fail(op.label, err))
+                    fut.set_exception(self.fail(op, err, status))
             except Exception:
                 log.exception("dshim: completing the future of %s", op.label)
 
@@ -466,7 +419,7 @@ class _Comm:
                 self.lib.dshim_comm_abort(self.comm, reason.encode())
 
     def close(self, at_exit=False):
-        """Waits for outstanding operations (bounded by the watchdog), stops the
+        """Waits for outstanding operations (bounded by the C core's timeout), stops the
         completion thread and destroys the communicator.  At interpreter exit,
         unfinished operations are aborted instead of waited for: a rank leaving
         with work in flight would otherwise hang its peers until the timeout."""
@@ -486,7 +439,7 @@ class _Comm:
             self._closed = True
             t = self._thread
             if t is not None:
-                # the watchdog still bounds this wait: it can abort until the handle is gone
+                # the C core's timeout bounds this wait: it fails a stalled operation
                 self._q.put(None)
                 if t is not threading.current_thread():
                     t.join()

@@ -1,9 +1,12 @@
-"""torch dtype <-> dshim_dtype_t and torch ReduceOp <-> dshim_redop_t.
+"""torch dtype <-> dshim_dtype_t, torch ReduceOp <-> dshim_redop_t, and a
+PREMUL_SUM factor as the scalar dshim_scale_mul takes.
 
 Only reductions need a real element type.  Collectives that only move data
 (broadcast, all_gather, all_to_all, gather, scatter, send/recv) carry every
 torch dtype as bytes (DSHIM_UINT8, count * itemsize).
 """
+import ctypes
+
 import torch
 from torch.distributed import ReduceOp
 
@@ -103,3 +106,54 @@ def reduction(dtype, kind, what):
     if op is None:
         raise _unsupported(kind)
     return dshim_dtype(dtype, what), op, view
+
+
+# PREMUL_SUM's factor for dshim_scale_mul, which multiplies by a value of the
+# tensor's own dtype (the reduction backend's scale_mul, as NCCL's PreMulSum)
+_SCALAR_CTYPES = {INT8: ctypes.c_int8, UINT8: ctypes.c_uint8, INT32: ctypes.c_int32, UINT32: ctypes.c_uint32,
+                  INT64: ctypes.c_int64, UINT64: ctypes.c_uint64, FLOAT32: ctypes.c_float, FLOAT64: ctypes.c_double}
+_NARROW = {FLOAT16: (torch.int16, ctypes.c_uint16), BFLOAT16: (torch.int16, ctypes.c_uint16),
+           FLOAT8_E4M3: (torch.uint8, ctypes.c_uint8), FLOAT8_E5M2: (torch.uint8, ctypes.c_uint8)}
+_INT64_RANGE = range(-2 ** 63, 2 ** 63)
+
+
+def premul_scalar(dtype, factor):
+    """(dshim dtype, ctypes scalar) for scaling a tensor of torch `dtype` by a
+    PREMUL_SUM `factor` with dshim_scale_mul, or None where torch's mul_ must do
+    it (complex and bool tensors, factors of another type).
+
+    dshim's result has torch's bits exactly when the factor is a value of the
+    dtype: torch's mul_ by a Python number multiplies integers by the number
+    wrapped to the integer type, float32/float64 by the number rounded to
+    float32/float64, and float16/bfloat16 (widened to float32) by the number
+    rounded to float32 -- dshim rounds it to the narrow type, the same only when
+    that loses nothing (0.5, 0.25, 2, ...; 1/3 in bfloat16 is not).  A tensor
+    factor counts when it holds one element of the same dtype."""
+    if dtype == torch.bool or dtype in _COMPLEX_REAL:
+        return None
+    code = _DTYPES.get(dtype)
+    if code is None:
+        return None
+    if isinstance(factor, torch.Tensor):
+        if factor.numel() != 1 or factor.dtype != dtype:
+            return None
+        factor = factor.item()
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        return None
+    if isinstance(factor, int) and factor not in _INT64_RANGE:
+        return None   # torch refuses it too
+    if code in (FLOAT32, FLOAT64, FLOAT16, BFLOAT16, FLOAT8_E4M3, FLOAT8_E5M2):
+        if isinstance(factor, int) and abs(factor) > 2 ** 53:
+            return None   # torch converts the integer straight to float32; Python goes through a double
+        factor = float(factor)
+    elif isinstance(factor, float):
+        return None   # an integer tensor times a float: torch's mul_ raises, as it should
+    if code in _SCALAR_CTYPES:
+        return code, _SCALAR_CTYPES[code](factor)
+    # narrow floats: torch's float32 factor, and the same value in the narrow type
+    as_bits, ctype = _NARROW[code]
+    f32 = torch.tensor(factor, dtype=torch.float32)
+    narrow = f32.to(dtype)
+    if not bool(narrow.float() == f32):
+        return None
+    return code, ctype(int(narrow.view(as_bits).item()) & (0xFFFF if ctype is ctypes.c_uint16 else 0xFF))

@@ -47,15 +47,6 @@ def _as_list(x):
     return list(x)
 
 
-def _timeout_of(opts):
-    """A per-call timeout in opts (seconds), or None for the group's."""
-    t = getattr(opts, "timeout", None)
-    if t is None:
-        return None
-    s = t.total_seconds()
-    return s if s > 0 else None
-
-
 def _is_async(opts):
     # options built in C++ (DDP) and calls without options are asynchronous
     return opts is None or getattr(opts, "asyncOp", True)
@@ -193,14 +184,30 @@ class DshimProcessGroup(dist.ProcessGroup):
                         lambda: self._issue(name, opts, calls, stage, result, sync_ok, coll))
 
     def _issue(self, name, opts, calls, stage, result, sync_ok, coll):
+        # opts.timeout is not read: torch leaves it unset (kUnsetTimeout) on every
+        # collective's options -- distributed_c10d.py never sets it, nor does DDP --
+        # so the group's timeout applies, which the C core enforces (_comm.py)
         post = stage.post() if stage is not None else None
-        timeout = _timeout_of(opts) if opts is not None else None
         comm = self._comm
         if sync_ok and not _is_async(opts):
-            comm.run_sync(name, calls, post, timeout, coll)
+            comm.run_sync(name, calls, post, coll)
             return DshimWork(None, result)
-        src = comm.run_async(name, calls, result, post, stage.keep if stage is not None else None, timeout, coll)
+        src = comm.run_async(name, calls, result, post, stage.keep if stage is not None else None, coll)
         return DshimWork(src, result)
+
+    def _premul(self, h, factor, dtype):
+        """h *= factor, the local half of a PREMUL_SUM (h: a host buffer of the
+        tensor of torch `dtype`): through dshim's reduction backend where that
+        gives torch's bits (_dtypes.premul_scalar), else torch's mul_."""
+        plain = h.dtype == dtype and h.is_contiguous() and h.device.type == "cpu"
+        scalar = D.premul_scalar(dtype, factor) if plain else None
+        with torch.no_grad():
+            if scalar is None:
+                h.mul_(factor)
+                return
+            code, value = scalar
+            _lib.check(self._dshim_lib.dshim_scale_mul(self._comm.comm, h.data_ptr(), h.data_ptr(), h.numel(),
+                                                       code, ctypes.byref(value)), "PREMUL_SUM scaling")
 
     def _check_root(self, root, what):
         if not 0 <= root < self._size:
@@ -232,16 +239,14 @@ class DshimProcessGroup(dist.ProcessGroup):
             if view is not None:
                 h = torch.view_as_real(h)
             if factor is not None:
-                with torch.no_grad():
-                    h.mul_(factor)
+                self._premul(h, factor, t.dtype)
             calls.append((dt, op, h))
         return self._reduce_calls("all_reduce", opts, calls, stage, tensors)
 
     def _sparse_allreduce(self, tensors, kind, factor, opts):
         _sparse.check_layouts(tensors)
         _sparse.check_op(kind, factor)
-        timeout = _timeout_of(opts) if opts is not None else None
-        _sparse.allreduce(self, tensors, lambda label, calls: self._comm.run_sync(label, calls, None, timeout))
+        _sparse.allreduce(self, tensors, lambda label, calls: self._comm.run_sync(label, calls, None))
         return DshimWork(None, tensors)
 
     def _reduce_calls(self, name, opts, calls, stage, result):
@@ -265,8 +270,7 @@ class DshimProcessGroup(dist.ProcessGroup):
             if view is not None:
                 h = torch.view_as_real(h)
             if factor is not None:
-                with torch.no_grad():
-                    h.mul_(factor)
+                self._premul(h, factor, t.dtype)
             calls.append((dt, op, h))
         return self._reduce_calls(name, opts, calls, stage, tensors)
 
@@ -308,8 +312,7 @@ class DshimProcessGroup(dist.ProcessGroup):
             if view is not None:
                 h = torch.view_as_real(h)
             if factor is not None:
-                with torch.no_grad():
-                    h.mul_(factor)
+                self._premul(h, factor, t.dtype)
             recv = h.data_ptr() if root == self._rank else None
             calls.append((fn, (h.data_ptr(), recv, h.numel(), dt, op, root)))
         return self._go("reduce", opts, calls, stage, tensors)
@@ -439,7 +442,7 @@ class DshimProcessGroup(dist.ProcessGroup):
         flat = torch.cat([i.detach().reshape(-1).cpu() for i in ins])
         stage.keep.append(flat)
         if factor is not None:
-            flat.mul_(factor)
+            self._premul(flat, factor, out.dtype)
         fview = torch.view_as_real(flat) if view is not None else flat
         lib = self._dshim_lib
         sync = not _is_async(opts)
@@ -477,7 +480,7 @@ class DshimProcessGroup(dist.ProcessGroup):
             dt, op, view = D.reduction(out.dtype, kind, name)
             if factor is not None:
                 src = _host_clone(inp)
-                src.mul_(factor)
+                self._premul(src, factor, inp.dtype)
                 stage.keep.append(src)
             else:
                 src = stage.input(inp)
