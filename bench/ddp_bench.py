@@ -115,7 +115,7 @@ class Worker:
             if th.name.startswith("dshim-complete"):
                 self.label[th.native_id] = "dshim completion"
             elif th.name.startswith("dshim-"):
-                self.label[th.native_id] = "dshim threads"   # the watchdog (mostly asleep)
+                self.label[th.native_id] = "dshim threads"
         self.kinds = {k: type(g._get_backend(torch.device("cpu"))).__name__ for k, g in self.groups.items()}
         if "Gloo" not in self.kinds["gloo"] or "Dshim" not in self.kinds["dshim"]:
             sys.exit(f"ddp_bench: wrong backends {self.kinds}: gloo must be torch's gloo (run without the preload)")
@@ -613,7 +613,7 @@ class Report:
         lines += ["", "Reading (computed from the tables above):", ""]
         lines += self.reading()
         lines += ["", "CPU per timed run by thread (ms, mean over ranks; \"dshim threads\" = libdshim's engine "
-                  "and the plugin's watchdog, \"dshim completion\" = the plugin's completion thread, \"gloo "
+                  "(its progress thread), \"dshim completion\" = the plugin's completion thread, \"gloo "
                   "threads\" = the gloo group's, \"other\" = torch's store and the default group); idle = share "
                   "of the machine's CPUs idle meanwhile; CPU counts from before the barrier ahead of a run to after the "
                   "one behind it; a step's parts as wall ms (main thread's CPU ms):", ""]
