@@ -8,9 +8,12 @@ thread hand-off on the latency path.  Everything else is issued non-blocking
 and completed by the group's completion thread.
 
 Tensors: contiguous CPU tensors are handed to dshim by pointer, no copy.
-Non-contiguous ones go through a contiguous copy, CUDA tensors through host
-memory (TODO issue 5: device buffers, stream ordering); results are copied
-back before the Future completes (_staging.py).  Every tensor an operation
+Non-contiguous ones go through a contiguous copy, CUDA tensors through pinned
+host blocks of libdshim's GPU staging pool (shim/gpu, the NCCL API's too), in
+stream order; results are copied back before the Future completes
+(_staging.py).  The paths that first concatenate a list of tensors (scatter,
+all_to_all with uneven splits, coalesced lists) still copy with torch's .cpu().
+GPU-side reduction comes with issue 5.  Every tensor an operation
 touches stays referenced until it completes.
 
 Data that is only moved (broadcast, all_gather, all_to_all, gather, scatter,
