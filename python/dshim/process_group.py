@@ -11,8 +11,9 @@ Tensors: contiguous CPU tensors are handed to dshim by pointer, no copy.
 Non-contiguous ones go through a contiguous copy, CUDA tensors through pinned
 host blocks of libdshim's GPU staging pool (shim/gpu, the NCCL API's too), in
 stream order; results are copied back before the Future completes
-(_staging.py).  The paths that first concatenate a list of tensors (scatter,
-all_to_all with uneven splits, coalesced lists) still copy with torch's .cpu().
+(_staging.py).  The paths that first concatenate a list of tensors
+(allgather_coalesced, reduce_scatter, alltoall, scatter) still copy with
+torch's .cpu().
 GPU-side reduction comes with issue 5.  Every tensor an operation
 touches stays referenced until it completes.
 
