@@ -205,26 +205,36 @@ static void usage(FILE *f)
             "exit: 0 target met, 1 missed or a CUDA error, 2 usage, 77 no CUDA backend/device\n");
 }
 
-int main(int argc, char **argv)
+/* The command line's choices. */
+typedef struct options {
+    size_t max_mib;
+    double target;
+    double budget; /* seconds per timing run */
+    int all;
+} options_t;
+
+/* Fills *o from the command line: -1 to go on, else the exit code (0 after
+ * -h, 2 on bad usage). */
+static int parse_args(int argc, char **argv, options_t *o)
 {
-    size_t max_mib = 256;
-    double target = 0.80;
-    double budget = 0.08;
-    int all = 0;
+    o->max_mib = 256;
+    o->target = 0.80;
+    o->budget = 0.08;
+    o->all = 0;
     int c;
     while ((c = getopt(argc, argv, "m:t:qah")) != -1) {
         switch (c) {
         case 'm':
-            max_mib = strtoul(optarg, NULL, 10);
+            o->max_mib = strtoul(optarg, NULL, 10);
             break;
         case 't':
-            target = strtod(optarg, NULL);
+            o->target = strtod(optarg, NULL);
             break;
         case 'q':
-            budget = 0.02;
+            o->budget = 0.02;
             break;
         case 'a':
-            all = 1;
+            o->all = 1;
             break;
         case 'h':
             usage(stdout);
@@ -234,11 +244,18 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (optind != argc || max_mib < 1 || max_mib > 16384 || !(target > 0 && target < 10)) {
+    if (optind != argc || o->max_mib < 1 || o->max_mib > 16384 ||
+        !(o->target > 0 && o->target < 10)) {
         usage(stderr);
         return 2;
     }
+    return -1;
+}
 
+/* Loads libdshim-cuda.so and its dshim_cuda_test_* helpers and describes the
+ * device into desc: -1 to go on, else the exit code (SKIP_CODE or 1). */
+static int open_backend(char *desc, size_t cap)
+{
     /* the loader says at INFO why it found no backend: show that line */
     dshim_log_init();
     int saved_level = dshim_log_level_current;
@@ -264,12 +281,17 @@ int main(int argc, char **argv)
                "this version of dshim\n", DSHIM_CUDA_LIB_NAME);
         return 1;
     }
-    char desc[512];
-    if (dev_describe(desc, sizeof(desc)) != DSHIM_OK) {
+    if (dev_describe(desc, cap) != DSHIM_OK) {
         printf("dshim-cuda-bench: FAIL: %s\n", dshim_last_error());
         return 1;
     }
+    return -1;
+}
 
+/* The three device operands and the host fill buffer, max_mib each: 0, or 1
+ * (the exit code) when memory is short. */
+static int prepare_buffers(size_t max_mib)
+{
     size_t max_bytes = max_mib * MIB;
     h_fill = malloc(max_bytes);
     if (h_fill == NULL || dev_alloc(&d_a, max_bytes) != DSHIM_OK ||
@@ -278,8 +300,21 @@ int main(int argc, char **argv)
                "of host memory): %s; try a smaller -m\n", max_mib, max_mib, dshim_last_error());
         return 1;
     }
+    return 0;
+}
 
-    row_t rows[DSHIM_DTYPE_COUNT * (DSHIM_REDOP_COUNT + 1)];
+static void release_buffers(void)
+{
+    dev_free(d_a);
+    dev_free(d_b);
+    dev_free(d_dst);
+    free(h_fill);
+}
+
+/* The kernels to time: issue 5's set (judged), then with -a every other
+ * dtype x op (shown only).  Returns how many rows. */
+static int plan_rows(row_t *rows, int all)
+{
     int nrows = 0;
     for (int op = 0; op < DSHIM_REDOP_COUNT; op++) {
         nrows = add_row(rows, nrows, DSHIM_FLOAT32, W_REDUCE, (dshim_redop_t)op, 1);
@@ -300,81 +335,121 @@ int main(int argc, char **argv)
             }
         }
     }
+    return nrows;
+}
 
+static void print_header(const char *desc)
+{
     printf("dshim-cuda-bench: %s\n", desc);
     printf("bytes counted as NCCL counts them: reduce 3 x size (2 reads + 1 write), scale_div and "
            "the d2d copy 2 x size; ratio = kernel GB/s / d2d cudaMemcpy GB/s at the same size\n");
     printf("%9s  %-12s %-10s %11s %10s %10s %7s\n", "size", "dtype", "kernel", "time_us",
            "GB/s", "copy_GB/s", "ratio");
+}
 
-    size_t top = MIB; /* the largest size run: the one judged */
-    while (top * 4 <= max_bytes) {
-        top *= 4;
+/* The judged kernels at the largest size, against the target. */
+typedef struct verdict {
+    int fails;
+    int judged;
+    double worst;
+    const char *worst_name;
+    const char *worst_dtype;
+} verdict_t;
+
+/* One size: the device copy, then every row, each line printed as it is
+ * timed; at the largest size (`last`) the judged rows go into *v.  0, or 1
+ * (the exit code) when a CUDA call failed. */
+static int time_size(size_t bytes, int last, const row_t *rows, int nrows, const options_t *o,
+                     verdict_t *v)
+{
+    double copy_s = 0;
+    work_t copy = {W_COPY, DSHIM_UINT8, DSHIM_SUM, bytes};
+    if (load_operands(DSHIM_FLOAT32, bytes) != DSHIM_OK ||
+        time_per_call(&copy, o->budget, &copy_s) != DSHIM_OK) {
+        printf("dshim-cuda-bench: FAIL: device copy: %s\n", dshim_last_error());
+        return 1;
     }
-    int fails = 0;
-    int judged = 0;
-    double worst = 1e9;
-    const char *worst_name = "";
-    const char *worst_dtype = "";
-    for (size_t bytes = MIB; bytes <= top; bytes *= 4) {
-        int last = bytes == top;
-        double copy_s = 0;
-        work_t copy = {W_COPY, DSHIM_UINT8, DSHIM_SUM, bytes};
-        if (load_operands(DSHIM_FLOAT32, bytes) != DSHIM_OK ||
-            time_per_call(&copy, budget, &copy_s) != DSHIM_OK) {
-            printf("dshim-cuda-bench: FAIL: device copy: %s\n", dshim_last_error());
-            return 1;
-        }
-        double copy_gbs = 2.0 * (double)bytes / copy_s / 1e9;
-        printf("%5zu MiB  %-12s %-10s %11.1f %10.1f %10.1f %7s\n", bytes / MIB, "-", "d2d-copy",
-               copy_s * 1e6, copy_gbs, copy_gbs, "1.00");
-        dshim_dtype_t loaded = DSHIM_FLOAT32;
-        for (int i = 0; i < nrows; i++) {
-            const row_t *r = &rows[i];
-            if (r->dtype != loaded) {
-                if (load_operands(r->dtype, bytes) != DSHIM_OK) {
-                    printf("dshim-cuda-bench: FAIL: loading operands: %s\n", dshim_last_error());
-                    return 1;
-                }
-                loaded = r->dtype;
-            }
-            work_t w = {r->kind, r->dtype, r->op, bytes};
-            double s = 0;
-            /* the rows -a adds are shown, not judged: shorter runs keep -a cheap */
-            if (time_per_call(&w, r->checked ? budget : budget / 4, &s) != DSHIM_OK) {
-                printf("dshim-cuda-bench: FAIL: %s %s: %s\n", r->dtype_name, r->what,
-                       dshim_last_error());
+    double copy_gbs = 2.0 * (double)bytes / copy_s / 1e9;
+    printf("%5zu MiB  %-12s %-10s %11.1f %10.1f %10.1f %7s\n", bytes / MIB, "-", "d2d-copy",
+           copy_s * 1e6, copy_gbs, copy_gbs, "1.00");
+    dshim_dtype_t loaded = DSHIM_FLOAT32;
+    for (int i = 0; i < nrows; i++) {
+        const row_t *r = &rows[i];
+        if (r->dtype != loaded) {
+            if (load_operands(r->dtype, bytes) != DSHIM_OK) {
+                printf("dshim-cuda-bench: FAIL: loading operands: %s\n", dshim_last_error());
                 return 1;
             }
-            double moved = (r->kind == W_REDUCE ? 3.0 : 2.0) * (double)bytes;
-            double gbs = moved / s / 1e9;
-            double ratio = gbs / copy_gbs;
-            const char *mark = "";
-            if (last && r->checked) {
-                judged++;
-                if (ratio < worst) {
-                    worst = ratio;
-                    worst_name = r->what;
-                    worst_dtype = r->dtype_name;
-                }
-                if (ratio < target) {
-                    fails++;
-                    mark = "  < target";
-                }
-            }
-            printf("%5zu MiB  %-12s %-10s %11.1f %10.1f %10.1f %7.2f%s\n", bytes / MIB,
-                   r->dtype_name, r->what, s * 1e6, gbs, copy_gbs, ratio, mark);
+            loaded = r->dtype;
         }
-        fflush(stdout);
+        work_t w = {r->kind, r->dtype, r->op, bytes};
+        double s = 0;
+        /* the rows -a adds are shown, not judged: shorter runs keep -a cheap */
+        if (time_per_call(&w, r->checked ? o->budget : o->budget / 4, &s) != DSHIM_OK) {
+            printf("dshim-cuda-bench: FAIL: %s %s: %s\n", r->dtype_name, r->what,
+                   dshim_last_error());
+            return 1;
+        }
+        double moved = (r->kind == W_REDUCE ? 3.0 : 2.0) * (double)bytes;
+        double gbs = moved / s / 1e9;
+        double ratio = gbs / copy_gbs;
+        const char *mark = "";
+        if (last && r->checked) {
+            v->judged++;
+            if (ratio < v->worst) {
+                v->worst = ratio;
+                v->worst_name = r->what;
+                v->worst_dtype = r->dtype_name;
+            }
+            if (ratio < o->target) {
+                v->fails++;
+                mark = "  < target";
+            }
+        }
+        printf("%5zu MiB  %-12s %-10s %11.1f %10.1f %10.1f %7.2f%s\n", bytes / MIB,
+               r->dtype_name, r->what, s * 1e6, gbs, copy_gbs, ratio, mark);
     }
+    fflush(stdout);
+    return 0;
+}
 
-    dev_free(d_a);
-    dev_free(d_b);
-    dev_free(d_dst);
-    free(h_fill);
+static void report(const verdict_t *v, size_t top, double target)
+{
     printf("RESULT: %s: %d of %d kernels (every float32 op, scale_div, float16/bfloat16 sum) at "
            "%zu MiB reach >= %.0f%% of the device-to-device copy bandwidth; lowest %.2f (%s %s)\n",
-           fails == 0 ? "PASS" : "FAIL", judged - fails, judged, top / MIB, target * 100, worst,
-           worst_dtype, worst_name);
-    return fails == 0 ? 0 : 1;
+           v->fails == 0 ? "PASS" : "FAIL", v->judged - v->fails, v->judged, top / MIB,
+           target * 100, v->worst, v->worst_dtype, v->worst_name);
+}
+
+int main(int argc, char **argv)
+{
+    options_t o;
+    int code = parse_args(argc, argv, &o);
+    if (code >= 0) {
+        return code;
+    }
+    char desc[512];
+    if ((code = open_backend(desc, sizeof(desc))) >= 0) {
+        return code;
+    }
+    if (prepare_buffers(o.max_mib) != 0) {
+        return 1;
+    }
+    row_t rows[DSHIM_DTYPE_COUNT * (DSHIM_REDOP_COUNT + 1)];
+    int nrows = plan_rows(rows, o.all);
+    print_header(desc);
+
+    size_t top = MIB; /* the largest size run: the one judged */
+    while (top * 4 <= o.max_mib * MIB) {
+        top *= 4;
+    }
+    verdict_t v = {0, 0, 1e9, "", ""};
+    for (size_t bytes = MIB; bytes <= top; bytes *= 4) {
+        if (time_size(bytes, bytes == top, rows, nrows, &o, &v) != 0) {
+            return 1;
+        }
+    }
+    release_buffers();
+    report(&v, top, o.target);
+    return v.fails == 0 ? 0 : 1;
 }

@@ -173,7 +173,153 @@ static size_t receive_span(const dshim_coll_sig_t *sig, const dshim_xfer_op_t *o
     return op->len > whole ? op->len : whole;
 }
 
-/* One step of progress on one op; *moved set when bytes moved. */
+/* PH_HDR: moves the header, and with it (transports that can) the first
+ * payload bytes; checks a received header once it is whole. */
+static dshim_status_t progress_header(dshim_comm_t *comm, dshim_conn_t *c, const dshim_coll_sig_t *sig,
+                                      dshim_xfer_op_t *op, int *moved)
+{
+    size_t n = 0;
+    size_t hleft = HDR_BYTES - op->hoff;
+    /* the payload bytes that may move together with the header (TCP:
+     * one system call and one segment instead of two of each) */
+    size_t body = 0;
+    if (op->kind != DSHIM_XF_RECV_REDUCE) {
+        body = limit_of(op);
+        body = body < comm->chunk_bytes ? body : comm->chunk_bytes;
+    }
+    if (op->kind == DSHIM_XF_SEND) {
+        if (op->hoff == 0) {
+            fill_hdr(op->hdr, sig, op->len);
+        }
+        if (body && c->ops->send2) {
+            DSHIM_CHECK(c->ops->send2(c, op->hdr + op->hoff, hleft, op->sbuf, body, &n));
+        } else {
+            DSHIM_CHECK(c->ops->send(c, op->hdr + op->hoff, hleft, &n));
+        }
+    } else if (body && c->ops->recv2) {
+        /* payload bytes land in rbuf before the header is checked: if
+         * the check fails, the collective fails and rbuf is undefined
+         * anyway, as after any failed call */
+        DSHIM_CHECK(c->ops->recv2(c, op->hdr + op->hoff, hleft, op->rbuf, body, &n));
+    } else if (op->kind == DSHIM_XF_RECV_REDUCE && c->ops->recv_ahead) {
+        /* the payload will be peeked: the transport may read it ahead
+         * together with the header */
+        DSHIM_CHECK(c->ops->recv_ahead(c, op->hdr + op->hoff, hleft, &n));
+    } else {
+        DSHIM_CHECK(c->ops->recv(c, op->hdr + op->hoff, hleft, &n));
+    }
+    if (n > hleft) {
+        op->done += n - hleft;
+        n = hleft;
+    }
+    op->hoff += n;
+    if (n) {
+        *moved = 1;
+    }
+    if (op->hoff < HDR_BYTES) {
+        return DSHIM_OK;
+    }
+    if (op->kind != DSHIM_XF_SEND) {
+        DSHIM_CHECK(check_hdr(comm, sig, op));
+    }
+    op->phase = PH_BODY;
+    op->hoff = 0;
+    return DSHIM_OK;
+}
+
+/* A reducing receive's chunk: the peer's bytes read in place (peek), at most
+ * `want` of them in whole elements, reduced with op->local into op->rbuf and
+ * consumed; *n_p = how many. */
+static dshim_status_t reduce_incoming(dshim_comm_t *comm, dshim_conn_t *c, const dshim_coll_sig_t *sig,
+                                      dshim_xfer_op_t *op, size_t esize, size_t want, size_t *n_p)
+{
+    const void *ptr;
+    size_t avail;
+    DSHIM_CHECK(c->ops->peek(c, &ptr, &avail));
+    size_t n = avail < want ? avail : want;
+    n -= n % esize;
+    *n_p = n;
+    if (n) {
+        char *dst = (char *)op->rbuf + op->done;
+        const char *loc = (const char *)op->local + op->done;
+        size_t cnt = n / esize;
+        dshim_dtype_t dt = (dshim_dtype_t)sig->dtype;
+        dshim_redop_t ro = (dshim_redop_t)sig->redop;
+        if (ro == DSHIM_AVG) {
+            ro = DSHIM_SUM;
+        }
+        dshim_status_t st = op->incoming_first ? comm->reduce->reduce(dst, ptr, loc, cnt, dt, ro, NULL)
+                                               : comm->reduce->reduce(dst, loc, ptr, cnt, dt, ro, NULL);
+        if (st == DSHIM_OK && op->avg_div) {
+            st = comm->reduce->scale_div(dst, cnt, dt, comm->size, NULL);
+        }
+        DSHIM_CHECK(st);
+        DSHIM_CHECK(c->ops->consume(c, n));
+    }
+    return DSHIM_OK;
+}
+
+/* PH_BODY: moves the payload up to what the dependencies allow. */
+static dshim_status_t progress_body(dshim_comm_t *comm, dshim_conn_t *c, const dshim_coll_sig_t *sig,
+                                    dshim_xfer_op_t *op, size_t esize, int *moved)
+{
+    size_t lim = limit_of(op);
+    while (op->done < lim) {
+        /* move at most one chunk per call so the peer can work on the
+         * previous chunk while we produce the next (pipelining) */
+        size_t piece_end = op->done + comm->chunk_bytes < lim ? op->done + comm->chunk_bytes : lim;
+        size_t n = 0;
+        if (op->kind == DSHIM_XF_SEND) {
+            DSHIM_CHECK(c->ops->send(c, (const char *)op->sbuf + op->done, piece_end - op->done, &n));
+        } else if (op->kind == DSHIM_XF_RECV && c->ops->recv_stream) {
+            DSHIM_CHECK(c->ops->recv_stream(c, (char *)op->rbuf + op->done, piece_end - op->done,
+                                            receive_span(sig, op, esize), &n));
+        } else if (op->kind == DSHIM_XF_RECV) {
+            DSHIM_CHECK(c->ops->recv(c, (char *)op->rbuf + op->done, piece_end - op->done, &n));
+        } else {
+            DSHIM_CHECK(reduce_incoming(comm, c, sig, op, esize, piece_end - op->done, &n));
+        }
+        if (n == 0) {
+            break;
+        }
+        op->done += n;
+        *moved = 1;
+        if (op->done < op->len) {
+            return DSHIM_OK; /* let the other ops of this step move too */
+        }
+    }
+    if (op->done < op->len) {
+        return DSHIM_OK;
+    }
+    op->phase = PH_PAD;
+    return DSHIM_OK;
+}
+
+/* PH_PAD: the zeros that keep every message a multiple of 8 bytes. */
+static dshim_status_t progress_pad(dshim_conn_t *c, dshim_xfer_op_t *op, int *moved)
+{
+    size_t pad = pad_of(op->len);
+    while (op->hoff < pad) {
+        size_t n = 0;
+        if (op->kind == DSHIM_XF_SEND) {
+            DSHIM_CHECK(c->ops->send(c, zeros, pad - op->hoff, &n));
+        } else {
+            unsigned char sink[8];
+            DSHIM_CHECK(c->ops->recv(c, sink, pad - op->hoff, &n));
+        }
+        if (n == 0) {
+            return DSHIM_OK;
+        }
+        op->hoff += n;
+        *moved = 1;
+    }
+    op->phase = PH_DONE;
+    return DSHIM_OK;
+}
+
+/* One step of progress on one op; *moved set when bytes moved.  Each phase
+ * moves on to the next only when it finished, so one call may take an op
+ * from its header to its end. */
 static dshim_status_t progress_op(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *op,
                                   size_t esize, int *moved)
 {
@@ -183,124 +329,14 @@ static dshim_status_t progress_op(dshim_comm_t *comm, const dshim_coll_sig_t *si
         esize = dshim_dtype_size((dshim_dtype_t)sig->dtype);
         esize = esize ? esize : 1;
     }
-    size_t n = 0;
     if (op->phase == PH_HDR) {
-        size_t hleft = HDR_BYTES - op->hoff;
-        /* the payload bytes that may move together with the header (TCP:
-         * one system call and one segment instead of two of each) */
-        size_t body = 0;
-        if (op->kind != DSHIM_XF_RECV_REDUCE) {
-            body = limit_of(op);
-            body = body < comm->chunk_bytes ? body : comm->chunk_bytes;
-        }
-        if (op->kind == DSHIM_XF_SEND) {
-            if (op->hoff == 0) {
-                fill_hdr(op->hdr, sig, op->len);
-            }
-            if (body && c->ops->send2) {
-                DSHIM_CHECK(c->ops->send2(c, op->hdr + op->hoff, hleft, op->sbuf, body, &n));
-            } else {
-                DSHIM_CHECK(c->ops->send(c, op->hdr + op->hoff, hleft, &n));
-            }
-        } else if (body && c->ops->recv2) {
-            /* payload bytes land in rbuf before the header is checked: if
-             * the check fails, the collective fails and rbuf is undefined
-             * anyway, as after any failed call */
-            DSHIM_CHECK(c->ops->recv2(c, op->hdr + op->hoff, hleft, op->rbuf, body, &n));
-        } else if (op->kind == DSHIM_XF_RECV_REDUCE && c->ops->recv_ahead) {
-            /* the payload will be peeked: the transport may read it ahead
-             * together with the header */
-            DSHIM_CHECK(c->ops->recv_ahead(c, op->hdr + op->hoff, hleft, &n));
-        } else {
-            DSHIM_CHECK(c->ops->recv(c, op->hdr + op->hoff, hleft, &n));
-        }
-        if (n > hleft) {
-            op->done += n - hleft;
-            n = hleft;
-        }
-        op->hoff += n;
-        if (n) {
-            *moved = 1;
-        }
-        if (op->hoff < HDR_BYTES) {
-            return DSHIM_OK;
-        }
-        if (op->kind != DSHIM_XF_SEND) {
-            DSHIM_CHECK(check_hdr(comm, sig, op));
-        }
-        op->phase = PH_BODY;
-        op->hoff = 0;
+        DSHIM_CHECK(progress_header(comm, c, sig, op, moved));
     }
     if (op->phase == PH_BODY) {
-        size_t lim = limit_of(op);
-        while (op->done < lim) {
-            /* move at most one chunk per call so the peer can work on the
-             * previous chunk while we produce the next (pipelining) */
-            size_t piece_end = op->done + comm->chunk_bytes < lim ? op->done + comm->chunk_bytes : lim;
-            n = 0;
-            if (op->kind == DSHIM_XF_SEND) {
-                DSHIM_CHECK(c->ops->send(c, (const char *)op->sbuf + op->done, piece_end - op->done, &n));
-            } else if (op->kind == DSHIM_XF_RECV && c->ops->recv_stream) {
-                DSHIM_CHECK(c->ops->recv_stream(c, (char *)op->rbuf + op->done, piece_end - op->done,
-                                                receive_span(sig, op, esize), &n));
-            } else if (op->kind == DSHIM_XF_RECV) {
-                DSHIM_CHECK(c->ops->recv(c, (char *)op->rbuf + op->done, piece_end - op->done, &n));
-            } else {
-                const void *ptr;
-                size_t avail;
-                DSHIM_CHECK(c->ops->peek(c, &ptr, &avail));
-                size_t want = piece_end - op->done;
-                n = avail < want ? avail : want;
-                n -= n % esize;
-                if (n) {
-                    char *dst = (char *)op->rbuf + op->done;
-                    const char *loc = (const char *)op->local + op->done;
-                    size_t cnt = n / esize;
-                    dshim_dtype_t dt = (dshim_dtype_t)sig->dtype;
-                    dshim_redop_t ro = (dshim_redop_t)sig->redop;
-                    if (ro == DSHIM_AVG) {
-                        ro = DSHIM_SUM;
-                    }
-                    dshim_status_t st = op->incoming_first ? comm->reduce->reduce(dst, ptr, loc, cnt, dt, ro, NULL)
-                                                           : comm->reduce->reduce(dst, loc, ptr, cnt, dt, ro, NULL);
-                    if (st == DSHIM_OK && op->avg_div) {
-                        st = comm->reduce->scale_div(dst, cnt, dt, comm->size, NULL);
-                    }
-                    DSHIM_CHECK(st);
-                    DSHIM_CHECK(c->ops->consume(c, n));
-                }
-            }
-            if (n == 0) {
-                break;
-            }
-            op->done += n;
-            *moved = 1;
-            if (op->done < op->len) {
-                return DSHIM_OK; /* let the other ops of this step move too */
-            }
-        }
-        if (op->done < op->len) {
-            return DSHIM_OK;
-        }
-        op->phase = PH_PAD;
+        DSHIM_CHECK(progress_body(comm, c, sig, op, esize, moved));
     }
     if (op->phase == PH_PAD) {
-        size_t pad = pad_of(op->len);
-        while (op->hoff < pad) {
-            n = 0;
-            if (op->kind == DSHIM_XF_SEND) {
-                DSHIM_CHECK(c->ops->send(c, zeros, pad - op->hoff, &n));
-            } else {
-                unsigned char sink[8];
-                DSHIM_CHECK(c->ops->recv(c, sink, pad - op->hoff, &n));
-            }
-            if (n == 0) {
-                return DSHIM_OK;
-            }
-            op->hoff += n;
-            *moved = 1;
-        }
-        op->phase = PH_DONE;
+        DSHIM_CHECK(progress_pad(c, op, moved));
     }
     return DSHIM_OK;
 }
@@ -579,11 +615,90 @@ dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim
     return dshim_xfer_ex(comm, sig, ops, n, NULL);
 }
 
+/* One pass over the ops: every active one takes a step, the owner hears of
+ * each that finished.  *remaining = the ops not finished; *moved set when
+ * bytes moved.  A step's error is returned as is (the caller fails the
+ * communicator with it). */
+static dshim_status_t step_all(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
+                               size_t esize, const dshim_xfer_hooks_t *hooks, int *remaining, int *moved)
+{
+    for (int i = 0; i < n; i++) {
+        dshim_xfer_op_t *op = &ops[i];
+        if (op->phase == PH_DONE) {
+            continue;
+        }
+        if (!op_active(op)) {
+            (*remaining)++;
+            continue;
+        }
+        dshim_status_t st = step_op(comm, sig, op, esize, moved, hooks);
+        if (st != DSHIM_OK) {
+            return st;
+        }
+        if (op->phase != PH_DONE) {
+            (*remaining)++;
+        } else if (hooks && hooks->done && !op->reported) {
+            op->reported = 1;
+            hooks->done(comm, op, hooks->ctx);
+        }
+    }
+    return DSHIM_OK;
+}
+
 /* the one place that words a timeout: the torch plugin reports this text as
  * is (python/dshim/_comm.py), and torch's own tests look for " timeout " */
 #define TIMEOUT_WHY                                                                                                  \
     "(no progress for that long: the communicator's timeout for a stalled operation, DSHIM_TIMEOUT or the one the " \
     "framework set, e.g. torch's init_process_group timeout)"
+
+/* Nothing moved for the communicator's timeout: fails the step, naming what
+ * it waited for and (collectives) the ranks that never arrived. */
+static dshim_status_t fail_timeout(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n)
+{
+    char who[768], missing[256];
+    waiting_on(comm, ops, n, who, sizeof(who));
+    if (sig->coll == DSHIM_COLL_P2P) {
+        /* point-to-point messages are numbered per peer: no arrival
+         * marks; `who` names the peers that did not send */
+        dshim_error_quiet(DSHIM_ERR_TIMEOUT, "did not complete within %g s " TIMEOUT_WHY " while %s",
+                          comm->timeout_s, who);
+        return fail_step(comm, sig, DSHIM_ERR_TIMEOUT);
+    }
+    missing_ranks(comm, sig->seq, missing, sizeof(missing));
+    dshim_error_quiet(DSHIM_ERR_TIMEOUT,
+                      "did not complete within %g s " TIMEOUT_WHY " while %s; ranks that did not arrive "
+                      "at this collective: %s",
+                      comm->timeout_s, who, missing[0] ? missing : "none known (check the other ranks' logs)");
+    return fail_step(comm, sig, DSHIM_ERR_TIMEOUT);
+}
+
+/* The wait failed with st (a peer is gone).  DSHIM_OK when an op could still
+ * move; else the step fails with the wait's cause. */
+static dshim_status_t retry_after_wait_error(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops,
+                                             int n, size_t esize, const dshim_xfer_hooks_t *hooks,
+                                             int *next_source, dshim_status_t st)
+{
+    char cause[512];
+    snprintf(cause, sizeof(cause), "%s", dshim_last_error());
+    /* data may have arrived just before the peer left: try once more */
+    int moved2 = 0;
+    if (bind_any_sources(comm, ops, n, next_source) != DSHIM_OK) {
+        dshim_error_set_raw(cause);
+        return fail_step(comm, sig, st);
+    }
+    for (int i = 0; i < n && !moved2; i++) {
+        if (op_active(&ops[i])) {
+            if (step_op(comm, sig, &ops[i], esize, &moved2, hooks) != DSHIM_OK) {
+                break;
+            }
+        }
+    }
+    if (!moved2) {
+        dshim_error_set_raw(cause);
+        return fail_step(comm, sig, st);
+    }
+    return DSHIM_OK;
+}
 
 dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
                              const dshim_xfer_hooks_t *hooks)
@@ -607,25 +722,9 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
         if (bst != DSHIM_OK) {
             return fail_step(comm, sig, bst);
         }
-        for (int i = 0; i < n; i++) {
-            dshim_xfer_op_t *op = &ops[i];
-            if (op->phase == PH_DONE) {
-                continue;
-            }
-            if (!op_active(op)) {
-                remaining++;
-                continue;
-            }
-            dshim_status_t st = step_op(comm, sig, op, esize, &moved, hooks);
-            if (st != DSHIM_OK) {
-                return fail_step(comm, sig, st);
-            }
-            if (op->phase != PH_DONE) {
-                remaining++;
-            } else if (hooks && hooks->done && !op->reported) {
-                op->reported = 1;
-                hooks->done(comm, op, hooks->ctx);
-            }
+        dshim_status_t sst = step_all(comm, sig, ops, n, esize, hooks, &remaining, &moved);
+        if (sst != DSHIM_OK) {
+            return fail_step(comm, sig, sst);
         }
         if (!moved && hooks && hooks->absorb) {
             int old_n = n;
@@ -670,45 +769,13 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             announced = 1;
         }
         if (waited > comm->timeout_s) {
-            char who[768], missing[256];
-            waiting_on(comm, ops, n, who, sizeof(who));
-            if (sig->coll == DSHIM_COLL_P2P) {
-                /* point-to-point messages are numbered per peer: no arrival
-                 * marks; `who` names the peers that did not send */
-                dshim_error_quiet(DSHIM_ERR_TIMEOUT, "did not complete within %g s " TIMEOUT_WHY " while %s",
-                                  comm->timeout_s, who);
-                return fail_step(comm, sig, DSHIM_ERR_TIMEOUT);
-            }
-            missing_ranks(comm, sig->seq, missing, sizeof(missing));
-            dshim_error_quiet(DSHIM_ERR_TIMEOUT,
-                              "did not complete within %g s " TIMEOUT_WHY " while %s; ranks that did not arrive "
-                              "at this collective: %s",
-                              comm->timeout_s, who, missing[0] ? missing : "none known (check the other ranks' logs)");
-            return fail_step(comm, sig, DSHIM_ERR_TIMEOUT);
+            return fail_timeout(comm, sig, ops, n);
         }
         double left = comm->timeout_s - waited;
         int tmo = left > 0.1 ? 100 : (int)(left * 1000) + 1;
         dshim_status_t st = wait_for_events(comm, ops, n, tmo);
         if (st != DSHIM_OK) {
-            char cause[512];
-            snprintf(cause, sizeof(cause), "%s", dshim_last_error());
-            /* data may have arrived just before the peer left: try once more */
-            int moved2 = 0;
-            if (bind_any_sources(comm, ops, n, &next_source) != DSHIM_OK) {
-                dshim_error_set_raw(cause);
-                return fail_step(comm, sig, st);
-            }
-            for (int i = 0; i < n && !moved2; i++) {
-                if (op_active(&ops[i])) {
-                    if (step_op(comm, sig, &ops[i], esize, &moved2, hooks) != DSHIM_OK) {
-                        break;
-                    }
-                }
-            }
-            if (!moved2) {
-                dshim_error_set_raw(cause);
-                return fail_step(comm, sig, st);
-            }
+            DSHIM_CHECK(retry_after_wait_error(comm, sig, ops, n, esize, hooks, &next_source, st));
             idle_loops = 0;
         }
     }

@@ -1,0 +1,104 @@
+/* What the files of a parameter server share (private to shim/ps/ps_server*.c):
+ * the server's state — its keys, a key's pieces (DSHIM_PS_F_PIECE) and rows
+ * (DSHIM_PS_F_ROWS), the pushes waiting for an answer — and the steps the
+ * event loop (ps_server.c), the pieces (ps_server_pieces.c) and the row_sparse
+ * keys (ps_server_rows.c) call across files. */
+#ifndef DSHIM_PS_SERVER_IMPL_H
+#define DSHIM_PS_SERVER_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_proto.h"
+#include "status.h"
+
+typedef struct waiter {
+    int worker;
+    uint32_t seq;
+    int want_pull;
+} waiter_t;
+
+/* A piece [off, off + cnt) of a key being pushed in pieces
+ * (DSHIM_PS_F_PIECE): summed over the workers and answered on its own. */
+typedef struct piece {
+    size_t off, cnt;
+    int npushed;
+    int done;          /* every worker's values summed (kept until the updater ran) */
+    waiter_t *waiters; /* num_workers */
+} piece_t;
+
+typedef struct key_state {
+    int key;
+    int dtype;
+    size_t n;
+    void *stored;
+    void *stored_cookie;
+    void *merged;
+    void *merged_cookie;
+    void *decomp; /* 2-bit: one push dequantized */
+    /* multi-precision (MXNet's store_realt_): a float32 master copy of a key
+     * of another dtype; `merged` is float32 then, and `wide` holds one push
+     * widened to float32 */
+    void *master;
+    void *master_cookie;
+    float *wide;
+    waiter_t *waiters;
+    int nwaiters;
+    /* pieces of this round; a worker pushing whole (its server is on its
+     * host) is in `waiters` and counts toward every piece */
+    piece_t *pieces;
+    size_t npieces, cap_pieces;
+    size_t pieces_done; /* elements of this round's complete pieces */
+    /* row_sparse pushes (DSHIM_PS_F_ROWS): the part's shape once known, and
+     * which rows of `merged` hold a value in this round */
+    size_t rows, unit;
+    unsigned char *present;
+    int round_rows; /* this round's pushes are rows */
+} key_state_t;
+
+typedef struct server {
+    dshim_ps_node_t *node;
+    const dshim_ps_server_ops_t *ops;
+    int *worker_fds; /* by worker rank */
+    int nconnected;
+    int departed; /* workers that said goodbye */
+    int all_left; /* every worker left without kStopServer */
+    int sync_mode;
+    int stop;
+    float threshold;
+    int compression;
+    /* float32 master copies of non-float32 keys: after kSetMultiPrecision,
+     * or from the start (DSHIM_PS_FLOAT32_MASTER, the default): MXNet
+     * 1.9.1's KVStoreDistServer never initialises its multi_precision_ flag,
+     * and its servers behave as if it were set (ps-lite's float16 results
+     * equal the master-copy ones, with or without the command) */
+    int multi_precision;
+    key_state_t *keys;
+    size_t nkeys, cap;
+    char *buf; /* receive buffer */
+    size_t buf_cap;
+} server_t;
+
+/* ps_server.c: the key's state, created on first use when `create`; NULL when
+ * absent (or out of memory). */
+key_state_t *dshim_ps_srv_find_key(server_t *s, int key, int create);
+/* Answers worker's request seq with a message of `type` carrying payload. */
+dshim_status_t dshim_ps_srv_reply(server_t *s, int worker, uint32_t seq, int type, const void *payload, size_t len);
+/* Answers with DSHIM_PS_MSG_ERROR carrying `text` (also printed on stderr). */
+dshim_status_t dshim_ps_srv_reply_error(server_t *s, int worker, uint32_t seq, const char *text);
+/* The round's merged pushes become key k's value (through the updater, if any). */
+dshim_status_t dshim_ps_srv_update_value(server_t *s, key_state_t *k);
+/* Answers every whole push of this round (with the stored value when it asked to pull). */
+dshim_status_t dshim_ps_srv_answer_whole_waiters(server_t *s, key_state_t *k);
+/* Gives key k (not float32) its float32 master copy (multi-precision). */
+dshim_status_t dshim_ps_srv_make_master(server_t *s, key_state_t *k);
+
+/* ps_server_pieces.c: pushes of a key in pieces (sync mode). */
+dshim_status_t dshim_ps_srv_handle_piece(server_t *s, int worker, const dshim_ps_hdr_t *h);
+dshim_status_t dshim_ps_srv_whole_into_pieces(server_t *s, int worker, const dshim_ps_hdr_t *h, key_state_t *k);
+
+/* ps_server_rows.c: pushes and pulls of rows of a row_sparse key. */
+dshim_status_t dshim_ps_srv_rows_push(server_t *s, int worker, const dshim_ps_hdr_t *h);
+dshim_status_t dshim_ps_srv_rows_pull(server_t *s, int worker, const dshim_ps_hdr_t *h);
+
+#endif
