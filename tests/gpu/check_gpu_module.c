@@ -52,6 +52,13 @@ static dshim_gpu_err_t fake_last_error(void)
     return DSHIM_GPU_SUCCESS;
 }
 
+/* Each test counts from zero, also when Check runs them in one process
+ * (CK_FORK=no, as make test's valgrind stage does). */
+static void reset_fake(void)
+{
+    pinned = unpinned = fail_pinning = 0;
+}
+
 static const dshim_gpu_runtime_t fake = {
     .HostAlloc = fake_host_alloc,
     .FreeHost = fake_free_host,
@@ -202,6 +209,7 @@ static Suite *module_suite(int device)
     if (device) {
         tcase_add_test(tc, test_stage_copy_reduce_in_stream_order);
     } else {
+        tcase_add_checked_fixture(tc, reset_fake, NULL);
         tcase_add_test(tc, test_pool_reuses_smallest_fit);
         tcase_add_test(tc, test_pool_cap_frees_before_pinning);
         tcase_add_test(tc, test_pool_pinning_fails);
