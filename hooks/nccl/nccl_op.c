@@ -23,7 +23,7 @@ ncclResult_t dshim_nccl_post(const dshim_nccl_op_t *op, const void *sbuf, void *
             return dshim_nccl_fail(ncclSystemError, "PreMulSum", "out of memory for %zu bytes", op->send_bytes);
         }
         size_t n = op->send_bytes / dshim_dtype_size(op->dtype);
-        dshim_hook_scale(dc, out->temp, sbuf, n, op->dtype, scalar ? scalar : op->scalar);
+        (void)dshim_scale_mul(dc, out->temp, sbuf, n, op->dtype, scalar ? scalar : op->scalar); /* checked args */
         sbuf = out->temp;
     }
     dshim_status_t st;

@@ -83,12 +83,6 @@ int64_t dshim_hook_goodbyes(dshim_comm_t *comm)
     return v;
 }
 
-void dshim_hook_scale(const dshim_comm_t *comm, void *dst, const void *src, size_t count, dshim_dtype_t dtype,
-                      const void *scalar)
-{
-    comm->reduce->scale_mul(dst, src, count, dtype, scalar);
-}
-
 dshim_status_t dshim_hook_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg)
 {
     dshim_status_t r = dshim_comm_fail(comm, st, msg);

@@ -1,8 +1,7 @@
 /* dshim_scale_mul: the local half of a pre-multiplied sum (torch's
- * PREMUL_SUM, NCCL's ncclRedOpCreatePreMulSum) for bindings that cannot reach
- * the reduction backend themselves (the torch plugin): the multiplication is
- * the communicator's reduce ops' scale_mul, the same code the NCCL hook uses
- * (dshim_hook_scale), so a factor is applied one way everywhere. */
+ * PREMUL_SUM, NCCL's ncclRedOpCreatePreMulSum), for the NCCL hook and the
+ * torch plugin alike: the multiplication is the communicator's reduce ops'
+ * scale_mul, so a factor is applied one way everywhere. */
 #include "comm.h"
 #include "dshim.h"
 #include "status.h"

@@ -40,11 +40,6 @@ dshim_status_t dshim_hook_store_try_get(dshim_comm_t *comm, const char *key, voi
  * (the store host waits for all of them before it stops); -1 if the store is gone. */
 int64_t dshim_hook_goodbyes(dshim_comm_t *comm);
 
-/* dst[i] = src[i] * *scalar (a value of dtype) with comm's reduction backend:
- * the local half of a pre-multiplied sum.  dst may alias src. */
-void dshim_hook_scale(const dshim_comm_t *comm, void *dst, const void *src, size_t count, dshim_dtype_t dtype,
-                      const void *scalar);
-
 /* Fails comm with st and msg (the first failure wins and is what every later
  * call reports), tells its peers and wakes every thread waiting on it. */
 dshim_status_t dshim_hook_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg);
