@@ -52,6 +52,9 @@ void run_print_usage(void)
         "  --no-preload               do not put libdshim.so in LD_PRELOAD (frameworks' own transport)\n"
         "  --dry-run                  print what would run (hosts, environment, commands) and exit\n"
         "  --print-config             print every DSHIM_* variable with its default and help\n"
+        "  --print-lib                print the path of the libdshim.so this dshim-run preloads\n"
+        "                             (for LD_PRELOAD=$(dshim-run --print-lib) python train.py)\n"
+        "  --version                  print dshim's version\n"
         "  -h, --help                 this text\n"
         "\n"
         "Environment: DSHIM_RUN_SSH, DSHIM_RUN_MPIRUN, DSHIM_RUN_SRUN, DSHIM_RUN_RSYNC, DSHIM_RUN_PYTHON,\n"
@@ -232,6 +235,16 @@ static void apply(run_opts_t *o, seen_t *seen, const char *name, const char *val
         exit(0);
     } else if (strcmp(name, "--print-config") == 0) {
         dshim_config_print(stdout, 0);
+        exit(0);
+    } else if (strcmp(name, "--print-lib") == 0) {
+        char *exe = run_self_exe();
+        char *lib = run_find_libdshim(exe);
+        printf("%s\n", lib);
+        free(lib);
+        free(exe);
+        exit(0);
+    } else if (strcmp(name, "--version") == 0) {
+        printf("dshim-run (dshim) %d.%d.%d\n", DSHIM_VERSION_MAJOR, DSHIM_VERSION_MINOR, DSHIM_VERSION_PATCH);
         exit(0);
     } else {
         run_usage_error("unknown option %s; see dshim-run --help", name);

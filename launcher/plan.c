@@ -486,7 +486,7 @@ static void mxnet_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, con
     }
 }
 
-static char *self_exe(void)
+char *run_self_exe(void)
 {
     char *p = realpath("/proc/self/exe", NULL);
     if (p == NULL) {
@@ -495,24 +495,43 @@ static char *self_exe(void)
     return p;
 }
 
-static char *find_libdshim(const char *exe)
+/* Where libdshim.so lies relative to dshim-run's bin/ once installed (cmake/install.cmake
+ * computes it from the install layout); a build tree keeps bin/ and lib/ side by side. */
+#ifndef DSHIM_RUN_LIB_FROM_BIN
+#define DSHIM_RUN_LIB_FROM_BIN "../lib"
+#endif
+
+/* The libdshim.so this dshim-run belongs to: the one installed (or built) with it,
+ * never one found elsewhere, so a job preloads the library of the launcher it runs. */
+char *run_find_libdshim(const char *exe)
 {
     char *dir = run_xstrdup(exe);
     char *slash = strrchr(dir, '/');
     if (slash) {
         *slash = '\0';
     }
-    char *lib = NULL;
-    if (asprintf(&lib, "%s/../lib/libdshim.so", dir) < 0) {
-        run_usage_error("out of memory");
+    static const char *const rel[] = {DSHIM_RUN_LIB_FROM_BIN, "../lib"};
+    char *tried = NULL;
+    char *real = NULL;
+    for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]) && real == NULL; i++) {
+        char *lib = NULL;
+        if (asprintf(&lib, "%s/%s/libdshim.so", dir, rel[i]) < 0) {
+            run_usage_error("out of memory");
+        }
+        real = realpath(lib, NULL);
+        if (tried == NULL) {
+            tried = lib;
+        } else {
+            free(lib);
+        }
     }
     free(dir);
-    char *real = realpath(lib, NULL);
     if (real == NULL) {
-        run_usage_error("libdshim.so not found next to dshim-run (expected %s); build it (make) or pass --no-preload",
-                        lib);
+        run_usage_error("libdshim.so not found next to dshim-run (expected %s); reinstall dshim (pip install "
+                        "dshim, or cmake --install), build it (make), or pass --no-preload",
+                        tried);
     }
-    free(lib);
+    free(tried);
     return real;
 }
 
@@ -528,9 +547,9 @@ static void plan_basics(const run_opts_t *o, run_plan_t *plan, int attempt)
         run_usage_error("cannot read the current directory: %s", strerror(errno));
     }
     plan->cwd = run_xstrdup(o->sync_dst_dir ? o->sync_dst_dir : cwd);
-    plan->self_exe = self_exe();
+    plan->self_exe = run_self_exe();
     if (!o->no_preload) {
-        plan->libdshim = find_libdshim(plan->self_exe);
+        plan->libdshim = run_find_libdshim(plan->self_exe);
     }
     if (o->launcher == RUN_LAUNCHER_SLURM && (cfg->slurm_job_id == NULL || cfg->slurm_job_id[0] == '\0')) {
         run_usage_error("--launcher slurm runs inside a Slurm allocation (SLURM_JOB_ID is not set): use "

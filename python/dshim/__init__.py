@@ -8,11 +8,34 @@ torch >= 2.5 calls `_autoload` at the end of `import torch` (entry point group
 is cheap (libdshim.so is loaded only when a group is created), idempotent, and
 never raises during `import torch`.
 """
+import importlib.util
 import inspect
 import logging
+import sys
 
-__all__ = ["register", "BACKEND_NAME"]
-__version__ = "0.1.0"
+__all__ = ["register", "BACKEND_NAME", "__version__"]
+
+
+def _read_version():
+    """The wheel writes _version.py from include/dshim.h; a checkout reads the header itself."""
+    try:
+        from ._version import __version__ as v
+        return v
+    except ImportError:
+        pass
+    import os
+    import re
+    header = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include", "dshim.h")
+    try:
+        with open(header) as f:
+            text = f.read()
+        return ".".join(re.search(rf"#define DSHIM_VERSION_{part} (\d+)", text).group(1)
+                        for part in ("MAJOR", "MINOR", "PATCH"))
+    except (OSError, AttributeError):
+        return "unknown"
+
+
+__version__ = _read_version()
 
 BACKEND_NAME = "dshim"
 log = logging.getLogger("dshim")
@@ -50,6 +73,8 @@ def register():
 def _autoload():
     """Entry point of group "torch.backends": runs at the end of `import torch`.
     An exception here would abort `import torch`, so it only logs."""
+    if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
+        return   # no torch here: nothing to register (libdshim, dshim-run, MXNet and NCCL need none)
     try:
         register()
     except Exception as e:   # never break `import torch`

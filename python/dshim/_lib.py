@@ -4,8 +4,9 @@ Where the library comes from, in order:
 1. a libdshim.so already mapped into this process (LD_PRELOAD, dshim-run, or a
    test that loaded a particular build first): the same copy must be used, or
    the process would run two dshim cores side by side;
-2. the build tree of the checkout this package lives in (editable install):
-   <repo>/build/lib/libdshim.so.
+2. the one installed with this package (pip install: dshim/lib/libdshim.so);
+3. the build tree of the checkout this package lives in (make setup's editable
+   install): <repo>/build/lib/libdshim.so.
 
 ctypes releases the GIL around every foreign call (CDLL), so a thread blocked
 in dshim_wait() or in a blocking collective does not stop Python.
@@ -14,7 +15,9 @@ import ctypes
 import os
 import threading
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(os.path.dirname(_PACKAGE))
+INSTALLED_LIB = os.path.join(_PACKAGE, "lib", "libdshim.so")
 BUILD_TREE_LIB = os.path.join(_REPO, "build", "lib", "libdshim.so")
 
 # dshim_status_t values (include/dshim.h)
@@ -56,6 +59,7 @@ _reqp = ctypes.POINTER(ctypes.c_void_p)
 
 # name: (restype, argtypes).  Every function this package calls is declared here.
 _PROTOS = {
+    "dshim_abi_version": (_int, []),
     "dshim_comm_init": (_int, [ctypes.POINTER(CommArgs), ctypes.POINTER(ctypes.c_void_p)]),
     "dshim_store_prebind": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(_int)]),
     "dshim_comm_destroy": (_int, [_vp]),
@@ -131,16 +135,23 @@ def _loaded_path():
     return None
 
 
-def _open():
+def library_path():
+    """(path, how it was found) of the libdshim.so this package uses; raises when there is none."""
     path = _loaded_path()
-    how = "already loaded in this process"
-    if path is None:
-        path = BUILD_TREE_LIB
-        how = "build tree"
-        if not os.path.exists(path):
-            raise RuntimeError(
-                f"dshim: libdshim.so not found: it is not preloaded and {path} does not exist; "
-                f"build it with `make` in {_REPO}, or run under dshim-run / LD_PRELOAD=/path/to/libdshim.so")
+    if path is not None:
+        return path, "already loaded in this process"
+    if os.path.exists(INSTALLED_LIB):
+        return INSTALLED_LIB, "installed with the package"
+    if os.path.exists(BUILD_TREE_LIB):
+        return BUILD_TREE_LIB, "build tree"
+    raise RuntimeError(
+        f"dshim: libdshim.so not found: it is not preloaded, not installed with this package ({INSTALLED_LIB}) "
+        f"and not built in a checkout ({BUILD_TREE_LIB}); reinstall dshim (pip install dshim), build it with "
+        f"`make`, or run under dshim-run / LD_PRELOAD=/path/to/libdshim.so")
+
+
+def _open():
+    path, how = library_path()
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:

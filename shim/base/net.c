@@ -129,7 +129,7 @@ static int ifname_matches(const char *list, const char *name)
 dshim_status_t dshim_net_pick_local_addr(const char *store_addr, struct in_addr *addr_p, char *why,
                                          size_t why_len)
 {
-    struct in_addr store_ip;
+    struct in_addr store_ip = {0}; /* set by resolve; gcc -O3 cannot see through DSHIM_CHECK */
     DSHIM_CHECK(dshim_net_resolve(store_addr, &store_ip));
     int store_is_loopback = (ntohl(store_ip.s_addr) >> 24) == 127;
     const char *source = NULL;
