@@ -4,7 +4,7 @@ BUILD      ?= build
 JOBS       ?= 2
 CMAKE_ARGS ?=
 
-.PHONY: all setup build test test-fast demo bench bench-torch bench-mxnet env-doc clean
+.PHONY: all setup build test test-fast demo bench bench-torch bench-mxnet env-doc wheel install clean
 
 all: build
 
@@ -41,6 +41,20 @@ bench-torch: setup build
 bench-mxnet: setup build
 	@.venv-mxnet/bin/python bench/mxnet_bench.py --build $(BUILD) --reps 3 --out docs/benchmarks.md
 	@bench/mxnet_netns_bench.sh --reps 3 --out docs/benchmarks.md
+
+# The manylinux wheel in dist/ (pyproject.toml; docs/install.md): pip wheel, then auditwheel bundles
+# libunwind (libcudart is left to the machine, as torch's own wheels do)
+wheel: setup
+	@rm -rf dist/raw && .venv/bin/pip wheel --no-deps -q -w dist/raw .
+	@PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/auditwheel repair --exclude 'libcudart.so.*' -w dist dist/raw/dshim-*.whl \
+	    >dist/raw/repair.log 2>&1 || { cat dist/raw/repair.log; exit 1; }
+	@rm -rf dist/raw && ls dist/dshim-*.whl
+
+# cmake --install of the build under PREFIX (default /usr/local): library, header, dshim-run,
+# dshim-bench, dshim.pc, find_package(dshim)
+PREFIX ?= /usr/local
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX)
 
 env-doc: build
 	@$(BUILD)/bin/gen-env-doc > docs/env-vars.md

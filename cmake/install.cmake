@@ -40,3 +40,12 @@ configure_package_config_file(${CMAKE_SOURCE_DIR}/cmake/dshimConfig.cmake.in
 write_basic_package_version_file(${CMAKE_BINARY_DIR}/dshimConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_BINARY_DIR}/dshimConfig.cmake ${CMAKE_BINARY_DIR}/dshimConfigVersion.cmake
         DESTINATION ${DSHIM_CMAKE_DIR})
+
+# The wheel's dshim/_version.py: the version (from dshim.h, as the wheel's metadata) and the torch
+# that `make test` tested this code with (scripts/setup.sh installs it: that is its one home)
+if(SKBUILD)
+  file(STRINGS ${CMAKE_SOURCE_DIR}/scripts/setup.sh _dshim_torch_line REGEX "^TORCH_VERSION=")
+  string(REGEX REPLACE "^TORCH_VERSION=" "" DSHIM_TESTED_TORCH "${_dshim_torch_line}")
+  configure_file(${CMAKE_SOURCE_DIR}/cmake/_version.py.in ${CMAKE_BINARY_DIR}/_version.py @ONLY)
+  install(FILES ${CMAKE_BINARY_DIR}/_version.py DESTINATION .)
+endif()

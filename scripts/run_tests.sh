@@ -15,7 +15,7 @@ build_variant() {  # dir, sanitizer
         make --no-print-directory -C "$1" -j"$JOBS" >/dev/null
 }
 
-stage "normal build: unit, preload, conformance, failure, gpu, torch, nccl, mxnet, launcher"
+stage "normal build: unit, preload, conformance, failure, gpu, torch, nccl, mxnet, launcher, install"
 # gpu tests skip themselves (exit code 77) on machines without a GPU
 (cd "$BUILD" && ctest --output-on-failure -j"$JOBS" -LE peer --timeout 1500) || failed+=("normal")
 
@@ -30,7 +30,8 @@ echo "peer: $(( $(date +%s) - peer_start )) s"
 stage "ASan+UBSan build"
 if build_variant build-asan address; then
     (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-        ctest --output-on-failure -j"$JOBS" -LE launcher -E 'np8|tcp.np4|hosts3' --timeout 1500) || failed+=("asan")
+        ctest --output-on-failure -j"$JOBS" -LE 'launcher|install' -E 'np8|tcp.np4|hosts3' --timeout 1500) ||
+        failed+=("asan")
 else
     echo "ASan build failed"; failed+=("asan-build")
 fi

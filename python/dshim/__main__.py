@@ -23,7 +23,12 @@ def main(argv=None):
         return 0
     abi = _lib.lib().dshim_abi_version()
     lib_version = f"{abi // 10000}.{abi // 100 % 100}.{abi % 100}"
-    print(f"dshim {__version__} (libdshim.so {lib_version} at {path}, {how})")
+    try:
+        from ._version import tested_with_torch
+        tested = f"; tested with torch {tested_with_torch}"
+    except ImportError:
+        tested = "; a checkout"
+    print(f"dshim {__version__} (libdshim.so {lib_version} at {path}, {how}{tested})")
     return 0
 
 
