@@ -131,6 +131,21 @@ else
     ok "ldd libdshim.so" "$(grep -o 'libunwind[^ ]* => [^ ]*' "$T/ldd.log" | sed "s|$T|\$T|")"
 fi
 
+# The wheel needs no -dev or runtime package of its dependencies: the system's libunwind and liblzma
+# hidden (an empty file bound over each, in a mount namespace of its own), dshim-bench still runs.
+sys_unwind=$(ldconfig -p | sed -n 's/^\s*libunwind.so.8 (libc6,x86-64) => //p' | head -1)
+sys_lzma=$(ldconfig -p | sed -n 's/^\s*liblzma.so.5 (libc6,x86-64) => //p' | head -1)
+if [ "$(id -u)" != 0 ] || ! command -v unshare >/dev/null || [ -z "$sys_unwind" ]; then
+    echo "SKIP wheel without the system's libunwind: needs root, unshare and a system libunwind to hide"
+elif unshare -m sh -c 'mount --bind /dev/null "$(realpath "$1")" && mount --bind /dev/null "$(realpath "$2")" &&
+        ! ldd "$(realpath "$1")" >/dev/null 2>&1 && exec "$3" -n 2 -o allreduce -b 64K -e 64K -t 0.1' \
+        sh "$sys_unwind" "$sys_lzma" "$V/bin/dshim-bench" >"$T/hidden.log" 2>&1 && grep -qE ' ok$' "$T/hidden.log"; then
+    ok "wheel runs with the system's libunwind and liblzma hidden" "dshim-bench -n 2 correct"
+else
+    bad "wheel without the system's libunwind" "dshim-bench failed with $sys_unwind and $sys_lzma hidden"
+    show "$T/hidden.log"
+fi
+
 # ---- versions ------------------------------------------------------------------
 mkdir -p "$T/work"
 cd "$T/work" || exit 1
