@@ -102,6 +102,11 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim
  * dshim_comm_init with store_port = *port_p (store_external 0, same token)
  * adopts it. */
 DSHIM_EXPORT dshim_status_t dshim_store_prebind(int port, const char *token, int *port_p);
+/* The same, listening only where the other ranks reach it: addr (the address
+ * published to them) when it is loopback or one of this host's addresses,
+ * else the interface DSHIM_SOCKET_IFNAME names, else every interface
+ * (dshim_store_prebind: always every interface). */
+DSHIM_EXPORT dshim_status_t dshim_store_prebind_at(const char *addr, int port, const char *token, int *port_p);
 /* Collective over `comm`: ranks with the same color form a new communicator,
  * ordered by (key, old rank).  color < 0: *newcomm_p = NULL. */
 DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int key,

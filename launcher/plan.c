@@ -632,7 +632,13 @@ static void plan_store(const run_opts_t *o, run_plan_t *plan, bool per_node_mode
         run_usage_error("port %d for dshim's rendezvous store is in use on this host; set DSHIM_STORE_PORT to a "
                         "free port", plan->store_port);
     }
-    plan->store_bind = run_xstrdup("");
+    /* only where the job reaches it: store_addr is loopback on one host,
+     * else this host's address toward the others (or --master-addr) */
+    char bind_addr[INET_ADDRSTRLEN] = "";
+    if (plan->host_store) {
+        dshim_net_listen_addr(store_addr, "dshim-run's rendezvous store", bind_addr, sizeof(bind_addr));
+    }
+    plan->store_bind = run_xstrdup(bind_addr);
     plan->store_addr = run_xstrdup(store_addr);
     plan->per_node = per_node_mode;
     plan->node_rank = o->node_rank;

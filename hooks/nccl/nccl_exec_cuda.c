@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "config.h"
@@ -315,7 +316,7 @@ static ncclResult_t state_get(struct ncclComm *comm, cuda_state_t **s_p)
     }
     s->api = api;
     s->comm = comm;
-    s->hostfn_wait = strcmp(how, "hostfn") == 0;
+    s->hostfn_wait = strcasecmp(how, "hostfn") == 0;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     void *flag = NULL;
@@ -477,8 +478,14 @@ static ncclResult_t enqueue_after_proxy(cuda_state_t *s, cuda_task_t *t, const d
  * on hosts without CUDA, so that a typo shows before the first GPU op). */
 ncclResult_t dshim_nccl_cuda_check_config(int rank, const char *call)
 {
+    /* every value against params.def, as dshim_comm_init_env does: a bad one
+     * would otherwise run on its default, which the user did not ask for */
+    if (dshim_config_check() != DSHIM_OK) {
+        return dshim_nccl_fail(ncclInvalidUsage, call, "rank %d: %s", rank, dshim_last_error());
+    }
     const char *how = dshim_config()->nccl_stream_wait;
-    if (strcmp(how, "auto") != 0 && strcmp(how, "memop") != 0 && strcmp(how, "hostfn") != 0) {
+    /* any case, as params.def's check (dshim-run) accepts */
+    if (strcasecmp(how, "auto") != 0 && strcasecmp(how, "memop") != 0 && strcasecmp(how, "hostfn") != 0) {
         return dshim_nccl_fail(ncclInvalidUsage, call, "rank %d: DSHIM_NCCL_STREAM_WAIT='%s' is not one of auto, "
                                "memop, hostfn; fix or unset it", rank, how);
     }

@@ -121,16 +121,19 @@ ncclResult_t dshim_nccl_id_create(ncclUniqueId *id, const char *call)
     if (!h) {
         return dshim_nccl_fail(ncclSystemError, call, "out of memory");
     }
-    /* every interface: the address in the id is a best guess, and ranks on
-     * this host may come through loopback */
-    dshim_status_t st = dshim_store_server_start(NULL, 0, token, &h->srv, &h->port);
+    /* every rank, on this host too, connects to the address in the id: the
+     * store listens there only (all interfaces only if it is not ours) */
+    struct in_addr addr;
+    pick_addr(&addr);
+    char in_id[INET_ADDRSTRLEN], bind_addr[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &addr, in_id, sizeof(in_id));
+    dshim_net_listen_addr(in_id, "ncclGetUniqueId's rendezvous store", bind_addr, sizeof(bind_addr));
+    dshim_status_t st = dshim_store_server_start(bind_addr, 0, token, &h->srv, &h->port);
     if (st != DSHIM_OK) {
         free(h);
         return dshim_nccl_from_dshim(st, call);
     }
     h->nonce = nonce;
-    struct in_addr addr;
-    pick_addr(&addr);
     memset(id, 0, sizeof(*id));
     unsigned char *p = (unsigned char *)id->internal;
     memcpy(p, ID_MAGIC, 4);

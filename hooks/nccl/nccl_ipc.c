@@ -36,6 +36,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -92,14 +93,14 @@ static const char *const kind_names[] = {
 /* Is `name` an item of the comma-separated `list` (or is the list "all")? */
 static int listed(const char *list, const char *name)
 {
-    if (strcmp(list, "all") == 0) {
+    if (strcasecmp(list, "all") == 0) {
         return 1;
     }
     size_t len = strlen(name);
     for (const char *p = list; *p;) {
         const char *end = strchr(p, ',');
         size_t n = end ? (size_t)(end - p) : strlen(p);
-        if (n == len && strncmp(p, name, len) == 0) {
+        if (n == len && strncasecmp(p, name, len) == 0) {  /* any case, as params.def's check */
             return 1;
         }
         p += n + (end ? 1 : 0);
@@ -109,7 +110,7 @@ static int listed(const char *list, const char *name)
 
 const char *dshim_nccl_ipc_check_colls(const char *list)
 {
-    if (strcmp(list, "all") == 0) {
+    if (strcasecmp(list, "all") == 0) {
         return NULL;
     }
     static _Thread_local char bad[64];
@@ -118,7 +119,7 @@ const char *dshim_nccl_ipc_check_colls(const char *list)
         size_t n = end ? (size_t)(end - p) : strlen(p);
         int known = 0;
         for (size_t k = 0; k < sizeof(kind_names) / sizeof(kind_names[0]); k++) {
-            known |= kind_names[k] && strlen(kind_names[k]) == n && strncmp(p, kind_names[k], n) == 0;
+            known |= kind_names[k] && strlen(kind_names[k]) == n && strncasecmp(p, kind_names[k], n) == 0;
         }
         if (!known) {
             snprintf(bad, sizeof(bad), "%.*s", (int)(n < 40 ? n : 40), p);

@@ -89,12 +89,13 @@ def _my_address(store):
         s.close()
 
 
-def _prebind_store(token):
+def _prebind_store(token, addr):
     """Rank 0 binds its dshim store on a free port now, before publishing the
-    port: no other process can take it between the choice and the bind."""
+    port: no other process can take it between the choice and the bind.  It
+    listens only at addr (what the others are told), not on every interface."""
     lib = _lib.lib()
     port = ctypes.c_int(0)
-    if lib.dshim_store_prebind(0, token.encode(), ctypes.byref(port)) < 0:
+    if lib.dshim_store_prebind_at(addr.encode(), 0, token.encode(), ctypes.byref(port)) < 0:
         raise RuntimeError(f"dshim: rank 0: cannot host the rendezvous store: {_lib.last_error()}")
     return port.value
 
@@ -167,7 +168,7 @@ def _rendezvous(store, rank, size, timeout_s=None):
     if rank == 0:
         addr = _my_address(store) if size > 1 else "127.0.0.1"
         token = secrets.token_hex(16)
-        port = _prebind_store(token) if size > 1 else 0
+        port = _prebind_store(token, addr) if size > 1 else 0
         if size > 1:
             store.set(_BOOTSTRAP_KEY, f"{addr} {port} {token}")
         return addr, port, token

@@ -62,6 +62,7 @@ _PROTOS = {
     "dshim_abi_version": (_int, []),
     "dshim_comm_init": (_int, [ctypes.POINTER(CommArgs), ctypes.POINTER(ctypes.c_void_p)]),
     "dshim_store_prebind": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(_int)]),
+    "dshim_store_prebind_at": (_int, [ctypes.c_char_p, _int, ctypes.c_char_p, ctypes.POINTER(_int)]),
     "dshim_comm_destroy": (_int, [_vp]),
     "dshim_comm_abort": (_int, [_vp, ctypes.c_char_p]),
     "dshim_comm_set_timeout": (_int, [_vp, ctypes.c_double]),

@@ -13,9 +13,14 @@ typedef enum { DSHIM_PTYPE_STR, DSHIM_PTYPE_INT, DSHIM_PTYPE_SIZE, DSHIM_PTYPE_B
 #define DSHIM_PT_BOOL   int
 #define DSHIM_PT_DOUBLE double
 
+/* The most ranks a job may have; params.def's rank and size rows allow the
+ * same (see its header for why), dshim_comm_init checks it for callers that
+ * pass sizes directly. */
+#define DSHIM_MAX_WORLD_SIZE (1 << 20)
+
 typedef struct dshim_config {
-#define DSHIM_PARAM(field, type, env, def, help) DSHIM_PT_##type field;
-#define DSHIM_FOREIGN(field, type, env, def, help) DSHIM_PT_##type field;
+#define DSHIM_PARAM(field, type, env, def, allowed, help) DSHIM_PT_##type field;
+#define DSHIM_FOREIGN(field, type, env, def, allowed, help) DSHIM_PT_##type field;
 #include "params.def"
 #undef DSHIM_PARAM
 #undef DSHIM_FOREIGN

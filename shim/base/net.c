@@ -85,6 +85,80 @@ dshim_status_t dshim_net_resolve(const char *host, struct in_addr *addr_p)
     return DSHIM_OK;
 }
 
+/* Whether a is loopback or an address of this host (one we can bind). */
+static int addr_is_ours(struct in_addr a)
+{
+    if ((ntohl(a.s_addr) >> 24) == 127) {
+        return 1;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr = a};
+    int ours = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    if (fd >= 0) {
+        close(fd);
+    }
+    return ours;
+}
+
+static const char *ifname_setting(const char **source_p);
+
+/* reach's IPv4 address, without logging (an unresolvable name is reported
+ * by whoever connects to it). */
+static int resolve_quiet(const char *reach, struct in_addr *a)
+{
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (!reach || !reach[0] || getaddrinfo(reach, NULL, &hints, &res) != 0 || !res) {
+        return 0;
+    }
+    *a = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+    freeaddrinfo(res);
+    return 1;
+}
+
+/* The named interface's address (DSHIM_SOCKET_IFNAME & co.), or 0.  A list
+ * that matches nothing logs its WARN here too; the caller's last error is
+ * kept, since choosing a listen address never fails. */
+static int named_interface_addr(const char *reach, struct in_addr *a, char *why, size_t why_len)
+{
+    char saved[1024];
+    snprintf(saved, sizeof(saved), "%s", dshim_last_error());
+    dshim_status_t st = dshim_net_pick_local_addr(reach, a, why, why_len);
+    dshim_error_set_raw(saved);
+    return st == DSHIM_OK;
+}
+
+void dshim_net_listen_addr(const char *reach, const char *what, char *out, size_t out_len)
+{
+    struct in_addr a = {0}, numeric;
+    int resolved = resolve_quiet(reach, &a);
+    int loopback = resolved && (ntohl(a.s_addr) >> 24) == 127;
+    char why[256];
+    out[0] = '\0';
+    if (loopback && inet_pton(AF_INET, reach, &numeric) != 1 && strcmp(reach, "localhost") != 0) {
+        /* a host name that is loopback only here (Debian's 127.0.1.1 entry
+         * for the own name): the other hosts may resolve it to a real address */
+        DSHIM_INFO("%s: listening on all interfaces: '%s' resolves to loopback here but may name this host's "
+                   "network address elsewhere; only the job token protects it", what, reach);
+        return;
+    }
+    if (resolved && addr_is_ours(a)) {
+        inet_ntop(AF_INET, &a, out, (socklen_t)out_len);
+        DSHIM_INFO("%s: listening on %s only (%s is %s)", what, out, reach,
+                   loopback ? "loopback" : "an address of this host");
+        return;
+    }
+    const char *source = NULL;
+    const char *list = ifname_setting(&source);
+    if (list && resolved && named_interface_addr(reach, &a, why, sizeof(why))) {
+        inet_ntop(AF_INET, &a, out, (socklen_t)out_len);
+        DSHIM_INFO("%s: listening on %s only (%s)", what, out, why);
+        return;
+    }
+    DSHIM_INFO("%s: listening on all interfaces: '%s' is %s and %s; only the job token protects it", what,
+               reach ? reach : "", resolved ? "not an address of this host" : "not resolvable here",
+               list ? "the named interfaces match none" : "no interface was named (DSHIM_SOCKET_IFNAME)");
+}
+
 /* The configured interface list: the first non-empty of our variable and the
  * frameworks' fallbacks. */
 static const char *ifname_setting(const char **source_p)

@@ -13,6 +13,13 @@
 dshim_status_t dshim_net_pick_local_addr(const char *store_addr, struct in_addr *addr_p, char *why,
                                          size_t why_len);
 dshim_status_t dshim_net_resolve(const char *host, struct in_addr *addr_p);
+/* Where a listener that the job reaches at `reach` (MASTER_ADDR, the store or
+ * scheduler address) binds, as dotted IPv4 text in out (out_len >= 16):
+ * reach's own address when it is loopback or one of this host's addresses;
+ * else the interface named by DSHIM_SOCKET_IFNAME & co.; else "" (all
+ * interfaces).  Logs the choice at INFO under `what`.  Never fails: a
+ * listener on all interfaces still works wherever the job reaches it. */
+void dshim_net_listen_addr(const char *reach, const char *what, char *out, size_t out_len);
 /* Listening socket on addr, ephemeral port; returns fd and port. */
 dshim_status_t dshim_net_listen(struct in_addr addr, int *fd_p, int *port_p);
 /* Blocking connect with deadline (monotonic seconds), retried on refusal. */

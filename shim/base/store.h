@@ -17,6 +17,12 @@
 #include <stdint.h>
 #include "dshim.h"
 
+/* A value set at `<prefix>failed` (or at `failed`) reports a failure: every
+ * GET of an absent key under `<prefix>`, parked or later, is answered with
+ * DSHIM_ERR_PEER and that value as the message, so the ranks still waiting
+ * learn who failed and why at once instead of waiting out their timeouts. */
+#define DSHIM_STORE_FAILED_LEAF "failed"
+
 typedef struct dshim_store_server dshim_store_server_t;
 typedef struct dshim_store dshim_store_t;
 
@@ -48,5 +54,9 @@ dshim_status_t dshim_store_add(dshim_store_t *s, const char *key, int64_t delta,
 dshim_status_t dshim_store_set_if_absent(dshim_store_t *s, const char *key, const void *val,
                                          size_t len, int *won_p);
 dshim_status_t dshim_store_delete(dshim_store_t *s, const char *key);
+/* 1 while calls may still reach the store; 0 once the connection was
+ * retired (the store left or a reply was lost), so a caller can skip
+ * best-effort calls that would only add error lines. */
+int dshim_store_usable(dshim_store_t *s);
 
 #endif

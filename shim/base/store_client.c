@@ -240,6 +240,17 @@ out:
     return st;
 }
 
+int dshim_store_usable(dshim_store_t *s)
+{
+    if (!s) {
+        return 0;
+    }
+    pthread_mutex_lock(&s->mu);
+    int ok = s->fd >= 0 && !s->broken;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
 static double op_wait(const dshim_store_t *s)
 {
     return s->op_timeout_s > 0 ? s->op_timeout_s : INFINITY;
@@ -279,6 +290,13 @@ dshim_status_t dshim_store_get(dshim_store_t *s, const char *key, double timeout
         *val_p = val;
         *len_p = len;
         return DSHIM_OK;
+    }
+    if (status == DSHIM_STORE_ST_FAILED) {
+        /* another rank reported its failure (`<prefix>failed`): its own
+         * one-line reason says who and why, better than any guess here */
+        dshim_status_t st = dshim_error(DSHIM_ERR_PEER, "%.*s", (int)len, (char *)val);
+        free(val);
+        return st;
     }
     free(val);
     if (status == DSHIM_STORE_ST_TIMEOUT) {
@@ -445,9 +463,13 @@ static dshim_status_t hello(dshim_store_t *s, const char *token, double deadline
                            "answer the hello; is another program listening on that port?", s->where);
     }
     if (r != IO_OK) {
-        return dshim_error(DSHIM_ERR_PROTOCOL, "the rendezvous store at %s closed the connection during the "
-                           "hello (%s); the job token may differ (DSHIM_JOB_TOKEN) or another program listens "
-                           "on that port", s->where, err ? strerror(err) : "end of stream");
+        /* a token the store refuses is answered BAD_TOKEN before it closes,
+         * so a bare close means the store went away: its host (rank 0 or
+         * the launcher) exited, typically after failing itself */
+        return dshim_error(DSHIM_ERR_PEER, "the rendezvous store at %s closed the connection during the hello "
+                           "(%s): the process hosting it (rank 0, or the launcher) has probably exited; its own "
+                           "output says why (or another program listens on that port)",
+                           s->where, err ? strerror(err) : "end of stream");
     }
     if (dshim_store_get_u32(ack) != DSHIM_STORE_MAGIC) {
         return dshim_error(DSHIM_ERR_PROTOCOL, "something other than a dshim rendezvous store answers at %s; "

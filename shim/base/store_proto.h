@@ -29,7 +29,9 @@
  *    GET            val_len 0; arg = wait limit in milliseconds
  *                   (DSHIM_STORE_WAIT_FOREVER = none).  The server parks the
  *                   request and answers when the key is set (it never polls).
- *                                                 -> OK + value, or TIMEOUT
+ *                                                 -> OK + value, or TIMEOUT,
+ *                   or FAILED + the value of `<prefix>failed` when the key
+ *                   is absent and a failure was reported under a prefix of it
  *    TRY_GET        val_len 0.                    -> OK + value, or NOT_FOUND
  *    ADD            value = i64 delta (8 bytes).  Counters are stored as
  *                   decimal ASCII so GET returns readable text ("42").
@@ -85,7 +87,10 @@ enum {
     DSHIM_STORE_ST_EXISTS = 2,
     DSHIM_STORE_ST_TIMEOUT = 3,
     DSHIM_STORE_ST_BAD_VALUE = 4,
+    DSHIM_STORE_ST_FAILED = 5,
 };
+
+/* FAILED: see DSHIM_STORE_FAILED_LEAF in store.h */
 
 static inline void dshim_store_put_u16(uint8_t *p, uint16_t v)
 {

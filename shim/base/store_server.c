@@ -274,6 +274,53 @@ static void wake_waiters(dshim_store_server_t *srv, const kv_entry_t *e)
     }
 }
 
+/* If key is `<prefix>failed` (or `failed`), the length of <prefix>; else -1. */
+static long failed_prefix_len(const uint8_t *key, uint32_t klen)
+{
+    size_t n = strlen(DSHIM_STORE_FAILED_LEAF);
+    if (klen < n || memcmp(key + klen - n, DSHIM_STORE_FAILED_LEAF, n) != 0) {
+        return -1;
+    }
+    if (klen > n && key[klen - n - 1] != '/') {
+        return -1;
+    }
+    return (long)(klen - n);
+}
+
+/* A failure was reported at e (`<prefix>failed`): answer every GET parked on
+ * a key under <prefix> with it (they would otherwise wait for a key that
+ * the failed rank will never set). */
+static void fail_waiters(dshim_store_server_t *srv, const kv_entry_t *e, size_t plen)
+{
+    for (size_t i = 0; i < srv->nconns; i++) {
+        conn_t *c = srv->conns[i];
+        if (!c->dead && c->state == CONN_PARKED && c->park_klen >= plen && memcmp(c->park_key, e->key, plen) == 0) {
+            conn_unpark(c);
+            conn_reply(c, DSHIM_STORE_ST_FAILED, e->val, e->vlen);
+        }
+    }
+}
+
+/* The failure reported under a prefix of key (ending at a '/'), if any. */
+static const kv_entry_t *failure_for(dshim_store_server_t *srv, const uint8_t *key, uint32_t klen)
+{
+    static const size_t leaf = sizeof(DSHIM_STORE_FAILED_LEAF) - 1;
+    uint8_t probe[DSHIM_STORE_KEY_MAX + sizeof(DSHIM_STORE_FAILED_LEAF)];
+    for (uint32_t p = 0; p < klen; p++) {
+        if (p > 0 && key[p - 1] != '/') {
+            continue;
+        }
+        memcpy(probe, key, p);
+        memcpy(probe + p, DSHIM_STORE_FAILED_LEAF, leaf);
+        uint32_t plen = p + (uint32_t)leaf;
+        const kv_entry_t *f = *kv_slot(srv, probe, plen, key_hash(probe, plen));
+        if (f) {
+            return f;
+        }
+    }
+    return NULL;
+}
+
 /* Counters are decimal text; anything else is not a counter. */
 static int parse_counter(const uint8_t *val, size_t vlen, int64_t *out)
 {
@@ -352,16 +399,23 @@ static void handle_store(dshim_store_server_t *srv, conn_t *c, uint32_t kind, co
     }
     conn_reply(c, DSHIM_STORE_ST_OK, NULL, 0);
     wake_waiters(srv, e);
+    long plen = failed_prefix_len(key, klen);
+    if (plen >= 0) {
+        fail_waiters(srv, e, (size_t)plen);
+    }
 }
 
 static void handle_get(dshim_store_server_t *srv, conn_t *c, uint32_t kind, const uint8_t *key,
                        uint32_t klen, uint64_t hash, uint32_t wait_ms)
 {
     kv_entry_t *e = *kv_slot(srv, key, klen, hash);
+    const kv_entry_t *f;
     if (e) {
         conn_reply(c, DSHIM_STORE_ST_OK, e->val, e->vlen);
     } else if (kind == DSHIM_STORE_REQ_TRY_GET) {
         conn_reply(c, DSHIM_STORE_ST_NOT_FOUND, NULL, 0);
+    } else if ((f = failure_for(srv, key, klen)) != NULL) {
+        conn_reply(c, DSHIM_STORE_ST_FAILED, f->val, f->vlen);
     } else if (wait_ms == 0) {
         conn_reply(c, DSHIM_STORE_ST_TIMEOUT, NULL, 0);
     } else {

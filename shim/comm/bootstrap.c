@@ -383,12 +383,14 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
     comm->p2p_tx = calloc((size_t)size, sizeof(uint64_t));
     comm->p2p_rx = calloc((size_t)size, sizeof(uint64_t));
     fds = malloc((size_t)size * sizeof(int));
+    /* before the first goto err: err closes every fds[r] >= 0, and fresh
+     * memory holds zeros, i.e. stdin */
+    for (int r = 0; fds && r < size; r++) {
+        fds[r] = -1;
+    }
     if (!comm->peers || !comm->conns || !comm->p2p_tx || !comm->p2p_rx || !fds) {
         st = dshim_error(DSHIM_ERR_NOMEM, "out of memory for %d peers", size);
         goto err;
-    }
-    for (int r = 0; r < size; r++) {
-        fds[r] = -1;
     }
     double deadline = dshim_now() + cfg->connect_timeout_s;
     uint64_t th = dshim_token_hash(token, prefix);
@@ -426,6 +428,12 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
         size_t len = 0;
         snprintf(key, sizeof(key), "%speer/%d", prefix, r);
         st = dshim_store_get(store->store, key, deadline - dshim_now(), &val, &len);
+        if (st == DSHIM_ERR_PEER) {
+            /* a failure reported in the store, or the store itself gone:
+             * the message names it; the timeout is beside the point */
+            st = dshim_error(st, "rank %d: while waiting for rank %d to join: %s", rank, r, dshim_last_error());
+            goto err;
+        }
         if (st != DSHIM_OK) {
             st = dshim_error(st, "rank %d: rank %d did not join within DSHIM_CONNECT_TIMEOUT (%.0f s): %s", rank, r,
                              cfg->connect_timeout_s, dshim_last_error());

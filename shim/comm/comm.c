@@ -17,9 +17,9 @@
 
 static dshim_status_t check_args(const dshim_comm_args_t *a)
 {
-    if (!a || a->size < 1 || a->rank < 0 || a->rank >= a->size) {
-        return dshim_error(DSHIM_ERR_INVALID, "invalid rank %d / size %d: need 0 <= rank < size", a ? a->rank : -1,
-                           a ? a->size : -1);
+    if (!a || a->size < 1 || a->size > DSHIM_MAX_WORLD_SIZE || a->rank < 0 || a->rank >= a->size) {
+        return dshim_error(DSHIM_ERR_INVALID, "invalid rank %d / size %d: need 0 <= rank < size <= %d",
+                           a ? a->rank : -1, a ? a->size : -1, DSHIM_MAX_WORLD_SIZE);
     }
     if (!a->store_addr || !a->store_addr[0]) {
         return dshim_error(DSHIM_ERR_INVALID, "no store address given");
@@ -50,6 +50,48 @@ static void linger_at_exit(void)
         struct timespec ts = {0, 10000000};
         nanosleep(&ts, NULL);
     }
+}
+
+/* The store's host failed during start-up: keep serving until every other
+ * rank has counted itself in `failseen` (they do so when they fail after
+ * reading this host's reason), or 3 s; its reason would vanish with it. */
+static void linger_for_readers(dshim_store_ref_t *ref)
+{
+    double deadline = dshim_now() + 3.0;
+    int64_t seen = 0;
+    while (dshim_now() < deadline && dshim_store_add(ref->store, "failseen", 0, &seen) == DSHIM_OK &&
+           seen < ref->size - 1) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Start-up failed while the store was reachable.  This rank's reason goes
+ * to `c0/failed` (the first report wins: a rank that failed only because it
+ * read that report loses the race by construction), and the store answers
+ * every rank still waiting for a key of c0 with it, so they name this
+ * failure instead of guessing (a vanished store looks like a bad token or a
+ * dead host).  The caller's error message is kept. */
+static void report_startup_failure(dshim_store_ref_t *ref, int rank)
+{
+    if (!dshim_store_usable(ref->store)) {
+        return;  /* nobody to tell through it, and every call would log */
+    }
+    char saved[1024];
+    snprintf(saved, sizeof(saved), "%s", dshim_last_error());
+    char msg[1200];
+    int n = snprintf(msg, sizeof(msg), "rank %d (host %s, pid %d) failed during start-up: %s", rank,
+                     dshim_log_hostname(), (int)getpid(), saved);
+    size_t len = n < 0 ? 0 : ((size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg) - 1);
+    int won = 0;
+    int64_t v = 0;
+    dshim_store_set_if_absent(ref->store, "c0/" DSHIM_STORE_FAILED_LEAF, msg, len, &won);
+    if (ref->server) {
+        linger_for_readers(ref);
+    } else {
+        dshim_store_add(ref->store, "failseen", 1, &v);
+    }
+    dshim_error_set_raw(saved);
 }
 
 static void store_ref_release(dshim_store_ref_t *ref)
@@ -103,6 +145,11 @@ static pthread_mutex_t prebound_lock = PTHREAD_MUTEX_INITIALIZER;
 
 DSHIM_EXPORT dshim_status_t dshim_store_prebind(int port, const char *token, int *port_p)
 {
+    return dshim_store_prebind_at(NULL, port, token, port_p);
+}
+
+DSHIM_EXPORT dshim_status_t dshim_store_prebind_at(const char *addr, int port, const char *token, int *port_p)
+{
     if (port < 0 || port > 65535 || !port_p) {
         return dshim_error(DSHIM_ERR_INVALID, "dshim_store_prebind: port %d is not a usable TCP port (0 = any)",
                            port);
@@ -113,7 +160,11 @@ DSHIM_EXPORT dshim_status_t dshim_store_prebind(int port, const char *token, int
         return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
     }
     snprintf(pb->token, sizeof(pb->token), "%s", token ? token : "");
-    dshim_status_t st = dshim_store_server_start(NULL, port, pb->token, &pb->server, &pb->port);
+    char bind_addr[INET_ADDRSTRLEN] = "";
+    if (addr && addr[0]) {
+        dshim_net_listen_addr(addr, "rendezvous store", bind_addr, sizeof(bind_addr));
+    }
+    dshim_status_t st = dshim_store_server_start(bind_addr, port, pb->token, &pb->server, &pb->port);
     if (st != DSHIM_OK) {
         free(pb);
         return dshim_error(st, "host %s: cannot host the rendezvous store: %s", dshim_log_hostname(),
@@ -178,8 +229,11 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim
         ref->server = pb->server;
         free(pb);
     } else if (args->rank == 0 && !args->store_external) {
-        /* listen on every interface: MASTER_ADDR may name this host by any of its addresses */
-        st = dshim_store_server_start(NULL, args->store_port, token, &ref->server, &ref->port);
+        /* only where the job reaches it (MASTER_ADDR's address, or the named
+         * interface): a loopback job's store must not be open to the network */
+        char bind_addr[INET_ADDRSTRLEN];
+        dshim_net_listen_addr(args->store_addr, "rendezvous store", bind_addr, sizeof(bind_addr));
+        st = dshim_store_server_start(bind_addr, args->store_port, token, &ref->server, &ref->port);
         if (st != DSHIM_OK) {
             st = dshim_error(st, "rank 0 (host %s): cannot host the rendezvous store: %s", dshim_log_hostname(),
                              dshim_last_error());
@@ -194,6 +248,7 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim
     }
     st = dshim_bootstrap(ref, "c0/", args->rank, args->size, token, comm_p);
     if (st != DSHIM_OK) {
+        report_startup_failure(ref, args->rank);
         goto err_store;
     }
     dshim_engine_init(*comm_p);
@@ -228,9 +283,12 @@ err_ref:
 DSHIM_EXPORT dshim_status_t dshim_comm_init_env(dshim_comm_t **comm_p)
 {
     dshim_comm_args_t args;
+    /* refuse to run on a configuration the user did not ask for; checked
+     * before the reload, whose message would say "using the default" */
+    if (dshim_config_check() != DSHIM_OK) {
+        return dshim_error(DSHIM_ERR_INVALID, "%s", dshim_last_error());
+    }
     if (dshim_config_reload() != DSHIM_OK) {
-        /* a bad value was reported and replaced by its default: refuse to run
-         * on a configuration the user did not ask for */
         return dshim_error(DSHIM_ERR_INVALID, "%s", dshim_last_error());
     }
     DSHIM_CHECK(dshim_args_from_env(&args));
@@ -393,6 +451,16 @@ DSHIM_EXPORT dshim_status_t dshim_comm_set_timeout(dshim_comm_t *comm, double se
 {
     if (comm == NULL || seconds != seconds) {
         return dshim_error(DSHIM_ERR_INVALID, "comm_set_timeout: %s", comm ? "seconds is NaN" : "comm is NULL");
+    }
+    /* The one timeout rule (docs/env-vars.md, DSHIM_TIMEOUT): the user's own
+     * DSHIM_TIMEOUT wins over what a framework asks for (torch passes its
+     * group's timeout, 30 min by default); unset, the framework's governs. */
+    if (dshim_config_is_set("DSHIM_TIMEOUT")) {
+        if (seconds != dshim_config()->timeout_s) {
+            DSHIM_INFO("rank %d: DSHIM_TIMEOUT=%g s governs this communicator (the framework asked for %g s)",
+                       comm->rank, dshim_config()->timeout_s, seconds);
+        }
+        return DSHIM_OK;
     }
     /* read by the progress thread without a lock: callers set it before
      * issuing operations (documented), so a plain store is enough */

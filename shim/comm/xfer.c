@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "net.h"
 #include "status.h"
 #include "xfer.h"
@@ -672,6 +673,22 @@ static dshim_status_t fail_timeout(dshim_comm_t *comm, const dshim_coll_sig_t *s
     return fail_step(comm, sig, DSHIM_ERR_TIMEOUT);
 }
 
+/* Nothing moved for `waited` seconds, less than the timeout: a warning naming
+ * the operation and whom it waits for, so that a long timeout (torch's 30 min)
+ * is never a silent hang.  Not an error: the operation goes on waiting. */
+static void warn_stall(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n, double waited)
+{
+    char who[768], missing[256] = "";
+    waiting_on(comm, ops, n, who, sizeof(who));
+    if (sig->coll != DSHIM_COLL_P2P) {
+        missing_ranks(comm, sig->seq, missing, sizeof(missing));
+    }
+    DSHIM_WARN("rank %d (host %s): %s #%" PRIu64 " has made no progress for %.0f s while %s%s%s; it fails after "
+               "%g s without progress (the communicator's timeout; DSHIM_STALL_WARN sets how often this is said)",
+               comm->rank, comm->peers[comm->rank].hostname, dshim_coll_name(sig->coll), sig->seq, waited, who,
+               missing[0] ? "; ranks that have not arrived at it: " : "", missing, comm->timeout_s);
+}
+
 /* The wait failed with st (a peer is gone).  DSHIM_OK when an op could still
  * move; else the step fails with the wait's cause. */
 static dshim_status_t retry_after_wait_error(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops,
@@ -711,6 +728,8 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
     DSHIM_CHECK(check_peers(comm, sig, ops, 0, n));
     double start = dshim_now(), last_progress = start;
     int announced = 0;
+    const double stall_s = dshim_config()->stall_warn_s;
+    double warn_after = stall_s;
     double spin_s = (double)comm->spin_us * 1e-6;
     unsigned idle_loops = 0;
     int next_source = (comm->rank + 1) % comm->size;
@@ -750,6 +769,7 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
         double now = dshim_now();
         if (idle_loops++ == 0) {
             last_progress = now;
+            warn_after = stall_s;
         }
         if (now - last_progress < spin_s) {
             if ((idle_loops & 63) == 0) {
@@ -770,6 +790,10 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
         }
         if (waited > comm->timeout_s) {
             return fail_timeout(comm, sig, ops, n);
+        }
+        if (stall_s > 0 && waited >= warn_after) {
+            warn_stall(comm, sig, ops, n, waited);
+            warn_after += stall_s;
         }
         double left = comm->timeout_s - waited;
         int tmo = left > 0.1 ? 100 : (int)(left * 1000) + 1;

@@ -36,12 +36,20 @@ static dshim_status_t sched_listen(const dshim_ps_env_t *env, int *fd_p)
     memset(&sa, 0, sizeof(sa));
     sa.sin_family = AF_INET;
     sa.sin_port = htons((uint16_t)env->root_port);
+    /* only where the nodes reach it (DMLC_PS_ROOT_URI's address, or the named
+     * interface); every interface only when neither matches this host */
+    char bind_addr[INET_ADDRSTRLEN];
+    dshim_net_listen_addr(env->root_uri, "scheduler", bind_addr, sizeof(bind_addr));
     sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (bind_addr[0]) {
+        inet_pton(AF_INET, bind_addr, &sa.sin_addr);
+    }
     if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(fd, 256) != 0) {
         int e = errno;
         close(fd);
-        return dshim_error(DSHIM_ERR_SYSTEM, "scheduler: cannot listen on port %d (DMLC_PS_ROOT_PORT): %s",
-                           env->root_port, strerror(e));
+        return dshim_error(DSHIM_ERR_SYSTEM, "scheduler: cannot listen on %s:%d (DMLC_PS_ROOT_URI:"
+                           "DMLC_PS_ROOT_PORT): %s", bind_addr[0] ? bind_addr : "0.0.0.0", env->root_port,
+                           strerror(e));
     }
     *fd_p = fd;
     return DSHIM_OK;

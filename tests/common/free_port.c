@@ -1,7 +1,9 @@
 /* Test listener ports below the ephemeral range (see free_port.h). */
 #include "free_port.h"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -34,4 +36,27 @@ int test_free_port(void)
         }
     }
     return -1;
+}
+
+int test_listen_addr(int port, char *buf, unsigned len)
+{
+    FILE *f = fopen("/proc/net/tcp", "r");
+    if (!f) {
+        return -1;
+    }
+    char line[512];
+    int found = -1;
+    while (found < 0 && fgets(line, sizeof(line), f)) {
+        unsigned ip, lport, st;
+        /* "  sl  local_address rem_address   st ...": hex ip (host order of the
+         * kernel's u32, i.e. network bytes read little-endian), hex port */
+        if (sscanf(line, " %*d: %8x:%4x %*8x:%*4x %2x", &ip, &lport, &st) == 3 && (int)lport == port &&
+            st == 0x0A) {
+            struct in_addr a = {.s_addr = ip};
+            inet_ntop(AF_INET, &a, buf, len);
+            found = 0;
+        }
+    }
+    fclose(f);
+    return found;
 }

@@ -15,4 +15,9 @@
  * so tests running side by side do not walk the range in step. */
 int test_free_port(void);
 
+/* The IPv4 address ("127.0.0.1", "0.0.0.0", ...) that a socket listening on
+ * TCP port `port` in this network namespace is bound to, from /proc/net/tcp,
+ * into buf; 0 when found, -1 when nothing listens there. */
+int test_listen_addr(int port, char *buf, unsigned len);
+
 #endif

@@ -22,6 +22,7 @@
 #include "comm.h"
 #include "config.h"
 #include "dshim.h"
+#include "net.h"
 #include "ranks.h"
 #include "store.h"
 
@@ -643,6 +644,163 @@ START_TEST(test_store_prebind_errors)
 }
 END_TEST
 
+/* ---- a rank that fails during start-up is named by the others ---------- */
+
+typedef struct startup_case {
+    int failing;          /* the rank given DSHIM_SOCKET_IFNAME=nonexistent */
+    double other_delay_s; /* the others start this late (before/after the failure) */
+    int external_port;    /* > 0: the store is hosted by the test (as dshim-run does) */
+} startup_case_t;
+
+static int body_startup_failure(int rank, int size, int port, void *arg)
+{
+    const startup_case_t *c = arg;
+    if (rank == c->failing) {
+        setenv("DSHIM_SOCKET_IFNAME", "nonexistent", 1);
+        dshim_config_reload();
+    } else {
+        sleep_s(c->other_delay_s);
+    }
+    dshim_comm_args_t a = {.rank = rank, .size = size, .store_addr = "127.0.0.1",
+                           .store_port = c->external_port > 0 ? c->external_port : port, .token = "test-token",
+                           .store_external = c->external_port > 0};
+    dshim_comm_t *comm = NULL;
+    if (dshim_comm_init(&a, &comm) == DSHIM_OK) {
+        dshim_comm_destroy(comm);
+        return 0;
+    }
+    fprintf(stderr, "ERROR: %s\n", dshim_last_error());
+    return 3;
+}
+
+/* Every rank but the failing one must end quickly with an error that names
+ * the failing rank and its reason, and must not guess at a token mismatch. */
+static void run_startup_failure(int n, startup_case_t c)
+{
+    test_rank_result_t res[3];
+    ck_assert_int_eq(test_run_ranks(n, body_startup_failure, &c, (const char *[]){"DSHIM_CONNECT_TIMEOUT=10", NULL},
+                                    25.0, res), 0);
+    char must[64];
+    snprintf(must, sizeof(must), "rank %d (host ", c.failing);
+    for (int r = 0; r < n; r++) {
+        const char *line = strstr(res[r].err, "ERROR: ");
+        int ok = res[r].exited && res[r].code == 3 && line != NULL;
+        if (ok && r != c.failing) {
+            ok = strstr(line, must) && strstr(line, "failed during start-up") &&
+                 strstr(line, "DSHIM_SOCKET_IFNAME=nonexistent") && !strstr(res[r].err, "token may differ") &&
+                 res[r].seconds < 8.0;
+        }
+        if (!ok) {
+            dump(res, n);
+        }
+        ck_assert_msg(ok, "rank %d must fail naming rank %d's start-up failure (failing %d, delay %.1f, external %d)",
+                      r, c.failing, c.failing, c.other_delay_s, c.external_port);
+    }
+}
+
+START_TEST(test_store_host_startup_failure_named)
+{
+    /* the others already waiting, then arriving after rank 0 failed */
+    run_startup_failure(2, (startup_case_t){.failing = 0, .other_delay_s = 0.0});
+    run_startup_failure(3, (startup_case_t){.failing = 0, .other_delay_s = 0.5});
+}
+END_TEST
+
+START_TEST(test_startup_failure_named_external_store)
+{
+    int port = 0;
+    dshim_store_server_t *srv = NULL;
+    ck_assert_int_eq(dshim_store_server_start("127.0.0.1", test_free_port(), "test-token", &srv, &port), DSHIM_OK);
+    run_startup_failure(2, (startup_case_t){.failing = 0, .external_port = port});
+    dshim_store_server_stop(srv);
+    /* a non-host rank that fails is named to rank 0 too (at once, not after the timeout) */
+    run_startup_failure(3, (startup_case_t){.failing = 1, .other_delay_s = 0.0});
+}
+END_TEST
+
+/* ---- the stores listen where the job reaches them ----------------------- */
+
+static int body_store_bind(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    int rc = 0;
+    if (rank == 0) {
+        char addr[32] = "none";
+        test_listen_addr(port, addr, sizeof(addr));
+        fprintf(stderr, "STORE BOUND %s\n", addr);
+        rc = strcmp(addr, "127.0.0.1") == 0 ? 0 : 4;
+    }
+    return dshim_comm_destroy(comm) == DSHIM_OK ? rc : 5;
+}
+
+START_TEST(test_store_binds_loopback_for_loopback_job)
+{
+    test_rank_result_t res[2];
+    ck_assert_int_eq(test_run_ranks(2, body_store_bind, NULL, transport_env_tcp, 30, res), 0);
+    if (!(res[0].exited && res[0].code == 0 && res[1].exited && res[1].code == 0)) {
+        dump(res, 2);
+    }
+    ck_assert_msg(res[0].exited && res[0].code == 0, "rank 0's store must listen on 127.0.0.1 only");
+    ck_assert(res[1].exited && res[1].code == 0);
+}
+END_TEST
+
+START_TEST(test_store_prebind_at_binds_the_address)
+{
+    int port = 0;
+    char addr[32] = "";
+    ck_assert_int_eq(dshim_store_prebind_at("127.0.0.1", test_free_port(), "tok", &port), DSHIM_OK);
+    ck_assert_int_eq(test_listen_addr(port, addr, sizeof(addr)), 0);
+    ck_assert_str_eq(addr, "127.0.0.1");
+    ck_assert_int_eq(dshim_store_prebind_at("localhost", test_free_port(), "tok", &port), DSHIM_OK);
+    ck_assert_int_eq(test_listen_addr(port, addr, sizeof(addr)), 0);
+    ck_assert_str_eq(addr, "127.0.0.1");
+}
+END_TEST
+
+/* The choice itself: loopback and this host's own addresses are bound as
+ * they are; an address of another host falls back to the named interface,
+ * and to every interface only when none was named. */
+START_TEST(test_listen_addr_choice)
+{
+    char out[INET_ADDRSTRLEN];
+    dshim_net_listen_addr("127.0.0.1", "t", out, sizeof(out));
+    ck_assert_str_eq(out, "127.0.0.1");
+    dshim_net_listen_addr("localhost", "t", out, sizeof(out));
+    ck_assert_str_eq(out, "127.0.0.1");
+    struct in_addr mine;
+    char why[256], mine_s[INET_ADDRSTRLEN];
+    if (dshim_net_pick_local_addr("192.0.2.1", &mine, why, sizeof(why)) == DSHIM_OK) {
+        inet_ntop(AF_INET, &mine, mine_s, sizeof(mine_s));  /* this host's address toward the world */
+        dshim_net_listen_addr(mine_s, "t", out, sizeof(out));
+        ck_assert_str_eq(out, mine_s);
+    }
+    /* a name (not localhost) that is loopback only here, e.g. Debian's 127.0.1.1 entry for the own
+     * name, may be a real address to the other hosts: every interface */
+    char name[256];
+    struct in_addr own;
+    if (gethostname(name, sizeof(name)) == 0 && strcmp(name, "localhost") != 0 &&
+        dshim_net_resolve(name, &own) == DSHIM_OK && (ntohl(own.s_addr) >> 24) == 127) {
+        dshim_net_listen_addr(name, "t", out, sizeof(out));
+        ck_assert_str_eq(out, "");
+    }
+    dshim_net_listen_addr("192.0.2.1", "t", out, sizeof(out));  /* TEST-NET: never ours */
+    ck_assert_str_eq(out, "");
+    dshim_net_listen_addr("no-such-host.invalid", "t", out, sizeof(out));
+    ck_assert_str_eq(out, "");
+    setenv("DSHIM_SOCKET_IFNAME", "lo", 1);
+    dshim_config_reload();
+    dshim_net_listen_addr("192.0.2.1", "t", out, sizeof(out));
+    ck_assert_str_eq(out, "127.0.0.1");
+    unsetenv("DSHIM_SOCKET_IFNAME");
+    dshim_config_reload();
+}
+END_TEST
+
 static void expect_env_error(const char *const *env, const char *must)
 {
     for (int i = 0; env[i]; i++) {
@@ -680,7 +838,7 @@ END_TEST
 START_TEST(test_bad_port)
 {
     const char *env[] = {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=99999", NULL};
-    expect_env_error(env, "not a TCP port");
+    expect_env_error(env, "MASTER_PORT=99999: must be an integer from 0 to 65535");
 }
 END_TEST
 
@@ -712,6 +870,11 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_forked_child_refused);
     tcase_add_test(tc, test_store_prebind);
     tcase_add_test(tc, test_store_prebind_errors);
+    tcase_add_test(tc, test_store_host_startup_failure_named);
+    tcase_add_test(tc, test_startup_failure_named_external_store);
+    tcase_add_test(tc, test_store_binds_loopback_for_loopback_job);
+    tcase_add_test(tc, test_store_prebind_at_binds_the_address);
+    tcase_add_test(tc, test_listen_addr_choice);
     suite_add_tcase(s, tc);
     TCase *env = tcase_create("configuration");
     tcase_add_test(env, test_store_port_in_use);

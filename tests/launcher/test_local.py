@@ -222,6 +222,29 @@ def test_env_parity_with_torchrun_per_node(dshim_run, env, workdir, write_script
     no_leftovers()
 
 
+# Prints the address dshim-run's store listens on (DSHIM_STORE_PORT, from /proc/net/tcp).
+STORE_BIND_SCRIPT = """
+import os
+port = int(os.environ["DSHIM_STORE_PORT"])
+with open("/proc/net/tcp") as f:
+    for line in f.readlines()[1:]:
+        cols = line.split()
+        ip_hex, port_hex = cols[1].split(":")
+        if cols[3] == "0A" and int(port_hex, 16) == port:
+            print("STORE " + ".".join(str(b) for b in reversed(bytes.fromhex(ip_hex))), flush=True)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_store_listens_on_loopback_for_one_host_job(run, write_script, no_leftovers):
+    """A job on this host only: dshim-run's store is bound to 127.0.0.1, not 0.0.0.0 (issue 18)."""
+    script = write_script("bind.py", STORE_BIND_SCRIPT)
+    res = run(["--nproc-per-node", "2", "--master-port", "0", script], timeout=20)
+    assert res.rc == 0, describe(res)
+    assert re.findall(r"STORE (\S+)", res.out) == ["127.0.0.1", "127.0.0.1"], describe(res)
+    no_leftovers()
+
+
 # ---- 3. MXNet launch.py style ----------------------------------------------
 
 @pytest.mark.parametrize("args,servers,workers", [(["-n", "2", "-s", "2"], 2, 2), (["-n", "3"], 3, 3)],
@@ -596,6 +619,15 @@ BAD_INPUT = [
     ("unknown-option", lambda w: ["--bogus-option", "probe.py"], {}, "--bogus-option"),
     ("option-missing-value", lambda w: ["--master-port"], {}, "--master-port"),
     ("bad-dshim-env", lambda w: ["probe.py"], {"DSHIM_TIMEOUT": "abc"}, "DSHIM_TIMEOUT"),
+    # params.def's "allowed" column, checked before anything starts (issue 18 item 4)
+    ("bad-dshim-transport", lambda w: ["-n", "2", "probe.py"], {"DSHIM_TRANSPORT": "bogus"},
+     "DSHIM_TRANSPORT=bogus: must be one of auto, shm, tcp"),
+    ("bad-shm-ring-size", lambda w: ["-n", "2", "probe.py"], {"DSHIM_SHM_RING_SIZE": "3"},
+     "DSHIM_SHM_RING_SIZE=3: must be a power of two from 4k to 1g"),
+    ("negative-timeout", lambda w: ["probe.py"], {"DSHIM_TIMEOUT": "-1"}, "DSHIM_TIMEOUT=-1: must be a number >= 0"),
+    ("bad-debug-level", lambda w: ["probe.py"], {"DSHIM_DEBUG": "LOUD"}, "DSHIM_DEBUG=LOUD: must be one of NONE"),
+    ("world-size-wraps", lambda w: ["probe.py"], {"DSHIM_WORLD_SIZE": "99999999999"},
+     "DSHIM_WORLD_SIZE=99999999999: must be an integer from 1 to 1048576"),
     ("slurm-outside-allocation", lambda w: ["--launcher", "slurm", "probe.py"], {}, "SLURM"),
     ("no-program", lambda w: ["--nproc-per-node", "2"], {}, "program"),
     ("nnodes-without-hosts", lambda w: ["--nnodes", "2", "probe.py"], {}, "--master-addr"),

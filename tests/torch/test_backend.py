@@ -117,6 +117,12 @@ def test_subgroup():
 
 
 @pytest.mark.timeout(120)
+def test_store_listens_on_loopback():
+    """MASTER_ADDR=127.0.0.1: rank 0's dshim store is bound to 127.0.0.1 (issue 18)."""
+    check(launch(2, "listeners"))
+
+
+@pytest.mark.timeout(120)
 def test_single_rank():
     check(launch(1, "single"))
 
@@ -159,6 +165,21 @@ def test_timeout():
     check(res)
     assert "timeout error after" in res[0][1], res[0][1][-2000:]
     assert "peer error" in res[1][1], res[1][1][-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_timeout_rule():
+    """The one timeout rule (issue 18): the user's DSHIM_TIMEOUT wins over init_process_group's
+    timeout (3 s, not 60 s), and DSHIM_STALL_WARN warns, naming the op and whom it waits for,
+    before the operation fails."""
+    res = launch(2, "timeout_rule", timeout=100, env={"DSHIM_TIMEOUT": "3", "DSHIM_STALL_WARN": "1"})
+    check(res)
+    out = res[0][1]
+    assert "timeout error after" in out, out[-2000:]
+    warn = [line for line in out.splitlines() if "has made no progress for" in line]
+    assert warn, out[-2000:]
+    assert "allreduce #1 has made no progress for 1 s while" in warn[0], warn
+    assert "rank 1" in warn[0] and "it fails after 3 s without progress" in warn[0], warn
 
 
 @pytest.mark.timeout(120)

@@ -602,6 +602,9 @@ def sc_errors():
 
 def sc_timeout():
     init(timeout=datetime.timedelta(seconds=3))
+    # torch's own store (rank 0 hosts it), with a timeout of its own for the handshake at the end
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), N, False,
+                          datetime.timedelta(seconds=60))
     t = torch.ones(4)
     dist.all_reduce(t)
     if RANK == 0:
@@ -617,6 +620,9 @@ def sc_timeout():
                     fail("timeout", f"message lacks {want!r}: {e}")
             if not 2.5 < el < 8:
                 fail("timeout", f"raised after {el:.1f} s, want about 3 s")
+        # rank 0 hosts the store that carries its verdict to rank 1: stay until rank 1 has read it
+        # (exiting first would turn rank 1's error into "rank 0 closed its socket", by timing alone)
+        store.wait(["timeout_peer_checked"], datetime.timedelta(seconds=60))
     else:
         time.sleep(6)   # never joins that all_reduce in time
         try:
@@ -628,6 +634,38 @@ def sc_timeout():
             print(f"rank {RANK}: peer error: {e}", flush=True)
             if "did not complete within 3 s" not in str(e):
                 fail("timeout peer", f"message does not say why: {e}")
+        store.set("timeout_peer_checked", "1")
+
+
+def sc_timeout_rule():
+    """The user's DSHIM_TIMEOUT (3 s, set by the test) governs over init_process_group's 60 s, and
+    DSHIM_STALL_WARN (1 s) warns before it fails (the test reads the warnings from rank 0's output)."""
+    init(timeout=datetime.timedelta(seconds=60))
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), N, False,
+                          datetime.timedelta(seconds=60))
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if RANK == 0:
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(t)
+            fail("timeout rule", "no error")
+        except RuntimeError as e:
+            el = time.monotonic() - t0
+            print(f"rank 0: timeout error after {el:.1f} s: {e}", flush=True)
+            if "did not complete within 3 s" not in str(e):
+                fail("timeout rule", f"not DSHIM_TIMEOUT's 3 s: {e}")
+            if not 2.5 < el < 20:
+                fail("timeout rule", f"raised after {el:.1f} s, want about 3 s (not the group's 60 s)")
+        store.wait(["timeout_rule_peer_done"], datetime.timedelta(seconds=60))
+    else:
+        time.sleep(6)   # never joins that all_reduce in time
+        try:
+            for _ in range(3):
+                dist.all_reduce(t)
+        except RuntimeError as e:
+            print(f"rank {RANK}: peer error: {e}", flush=True)
+        store.set("timeout_rule_peer_done", "1")
 
 
 def sc_no_destroy():
@@ -755,6 +793,40 @@ def sc_single():
     objs = [None]
     dist.all_gather_object(objs, "x")
     assert objs == ["x"]
+
+
+def _own_ipv4_listeners():
+    """[(address, port)] of the IPv4 sockets this process listens on."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    found = []
+    with open("/proc/self/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            ip_hex, port_hex = cols[1].split(":")
+            if cols[3] == "0A" and cols[9] in inodes:
+                ip = ".".join(str(b) for b in reversed(bytes.fromhex(ip_hex)))
+                found.append((ip, int(port_hex, 16)))
+    return found
+
+
+def sc_listeners():
+    """A loopback job: dshim's store (rank 0) listens on 127.0.0.1, not on every interface."""
+    init()
+    dist.barrier()
+    if RANK == 0:
+        torch_store = int(os.environ["MASTER_PORT"])   # torch's TCPStore: torch's choice, not dshim's
+        mine = [(ip, port) for ip, port in _own_ipv4_listeners() if port != torch_store]
+        COUNT[0] += 1
+        if not mine or {ip for ip, _ in mine} != {"127.0.0.1"}:
+            fail("dshim's store must listen on 127.0.0.1 only", f"listeners besides torch's: {mine}")
+    dist.barrier()
 
 
 def sc_cuda():

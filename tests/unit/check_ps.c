@@ -650,6 +650,26 @@ END_TEST
 
 /* PS_VERBOSE keeps ps-lite's meaning (1: INFO lines, 2: also TRACE) on top of
  * DSHIM_DEBUG, and the lines are dshim's (level, then the role and rank). */
+/* The scheduler listens where the nodes reach it (DMLC_PS_ROOT_URI =
+ * 127.0.0.1 here), not on every interface. */
+START_TEST(scheduler_binds_the_root_uri)
+{
+    int port = ck_free_port();
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        _exit(run_scheduler(port, 1, 0));
+    }
+    char addr[32] = "";
+    for (int i = 0; i < 250 && test_listen_addr(port, addr, sizeof(addr)) != 0; i++) {
+        usleep(20000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ck_assert_str_eq(addr, "127.0.0.1");
+}
+END_TEST
+
 START_TEST(ps_verbose_lines_go_through_dshims_log)
 {
     dshim_ps_env_t e = make_env(DSHIM_PS_WORKER, 1, 1, 1);
@@ -701,6 +721,7 @@ int main(void)
     tcase_add_test(tc, requests_to_a_dead_server_end_once);
     tcase_add_test(tc, every_mxnet_dtype_sums_as_merged_plus_recved);
     tcase_add_test(tc, ps_verbose_lines_go_through_dshims_log);
+    tcase_add_test(tc, scheduler_binds_the_root_uri);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_ENV);

@@ -759,6 +759,48 @@ START_TEST(test_stop_while_waiting)
 }
 END_TEST
 
+/* A failure reported at `<prefix>failed` answers every GET waiting under
+ * <prefix> with its text (parked or later), and nothing else. */
+START_TEST(test_failure_answers_waiters)
+{
+    int port;
+    dshim_store_server_t *srv = start_server(&port);
+    getter_arg_t parked = {.port = port, .key = "c0/peer/0", .timeout_s = 30.0};
+    getter_arg_t other = {.port = port, .key = "c1/peer/0", .timeout_s = 1.0};
+    pthread_t t1, t2;
+    ck_assert_int_eq(pthread_create(&t1, NULL, getter, &parked), 0);
+    ck_assert_int_eq(pthread_create(&t2, NULL, getter, &other), 0);
+    sleep_ms(300);
+    dshim_store_t *s = connect_ok(port);
+    /* a key that merely ends in "failed" is no report */
+    ck_assert_int_eq(dshim_store_set(s, "c0/notfailed", "x", 1), DSHIM_OK);
+    ck_assert_int_eq(dshim_store_set(s, "c0/failed", "rank 0 failed: boom", 19), DSHIM_OK);
+    pthread_join(t1, NULL);
+    ck_assert_int_eq(parked.st, DSHIM_ERR_PEER);
+    ck_assert_str_eq(parked.val, "rank 0 failed: boom");
+    ck_assert_msg(parked.elapsed < 5.0, "parked get answered after %.2f s", parked.elapsed);
+    /* another prefix keeps waiting and times out as usual */
+    pthread_join(t2, NULL);
+    ck_assert_int_eq(other.st, DSHIM_ERR_TIMEOUT);
+    /* a later get of an absent key under the prefix is answered at once */
+    void *v = NULL;
+    size_t n = 0;
+    double t0 = now_s();
+    ck_assert_int_eq(dshim_store_get(s, "c0/s0c1/peer/1", 10.0, &v, &n), DSHIM_ERR_PEER);
+    ck_assert_msg(now_s() - t0 < 2.0, "took %.2f s", now_s() - t0);
+    ck_assert_str_eq(dshim_last_error(), "rank 0 failed: boom");
+    /* keys that exist, and the report itself, are still served */
+    ck_assert_int_eq(dshim_store_set(s, "c0/peer/1", "p1", 2), DSHIM_OK);
+    ck_assert_int_eq(dshim_store_get(s, "c0/peer/1", 1.0, &v, &n), DSHIM_OK);
+    free(v);
+    ck_assert_int_eq(dshim_store_get(s, "c0/failed", 1.0, &v, &n), DSHIM_OK);
+    ck_assert_uint_eq(n, 19);
+    free(v);
+    dshim_store_close(s);
+    dshim_store_server_stop(srv);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *su = suite_create("store");
@@ -780,6 +822,7 @@ static Suite *store_suite(void)
         {"connect_retry", test_connect_retry, 20},
         {"connect_timeout", test_connect_timeout, 20},
         {"stop_while_waiting", test_stop_while_waiting, 20},
+        {"failure_answers_waiters", test_failure_answers_waiters, 20},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);
