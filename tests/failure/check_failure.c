@@ -221,16 +221,18 @@ START_TEST(test_timeout_names_missing_rank)
 }
 END_TEST
 
-/* A per-communicator timeout (dshim_comm_set_timeout) replaces DSHIM_TIMEOUT:
- * with DSHIM_TIMEOUT=300 the others still give up on a late rank after 1.5 s. */
+/* The one timeout rule (dshim_comm_set_timeout): a framework's timeout governs
+ * when the user did not set DSHIM_TIMEOUT, the user's DSHIM_TIMEOUT when set.
+ * Rank 2 is 6 s late; the others must give up after about 1.5 s either way:
+ * arg = the timeout the "framework" sets (1.5 s, or 300 s against DSHIM_TIMEOUT=1.5). */
 static int body_late_own_timeout(int rank, int size, int port, void *arg)
 {
-    (void)arg;
+    double framework_timeout = *(const double *)arg;
     dshim_comm_t *comm;
     if (test_comm_init(rank, size, port, &comm)) {
         return 2;
     }
-    ck_assert_int_eq(dshim_comm_set_timeout(comm, 1.5), DSHIM_OK);
+    ck_assert_int_eq(dshim_comm_set_timeout(comm, framework_timeout), DSHIM_OK);
     int v = 1;
     if (rank == 2) {
         sleep_s(6.0);
@@ -243,12 +245,8 @@ static int body_late_own_timeout(int rank, int size, int port, void *arg)
     return st == DSHIM_OK ? 0 : 3;
 }
 
-START_TEST(test_comm_set_timeout)
+static void check_gave_up_early(const test_rank_result_t *res)
 {
-    const char *env[] = {"DSHIM_TIMEOUT=300", NULL};
-    test_rank_result_t res[3];
-    int rc = test_run_ranks(3, body_late_own_timeout, NULL, env, 30.0, res);
-    ck_assert_int_eq(rc, 0);
     for (int r = 0; r < 2; r++) {
         if (!(res[r].exited && res[r].code == 3 && res[r].seconds < 5.5)) {
             dump(res, 3);
@@ -256,6 +254,27 @@ START_TEST(test_comm_set_timeout)
         ck_assert(res[r].exited && res[r].code == 3);
         ck_assert_msg(res[r].seconds < 5.5, "rank %d gave up after %.1f s, wanted ~1.5 s", r, res[r].seconds);
     }
+}
+
+/* DSHIM_TIMEOUT set by the user (1.5 s) wins over the framework's 300 s */
+START_TEST(test_env_timeout_wins)
+{
+    const char *env[] = {"DSHIM_TIMEOUT=1.5", NULL};
+    double framework_timeout = 300;
+    test_rank_result_t res[3];
+    ck_assert_int_eq(test_run_ranks(3, body_late_own_timeout, &framework_timeout, env, 30.0, res), 0);
+    check_gave_up_early(res);
+}
+END_TEST
+
+/* DSHIM_TIMEOUT unset: the timeout a framework sets (dshim_comm_set_timeout, 1.5 s) governs */
+START_TEST(test_comm_set_timeout)
+{
+    const char *env[] = {NULL};
+    double framework_timeout = 1.5;
+    test_rank_result_t res[3];
+    ck_assert_int_eq(test_run_ranks(3, body_late_own_timeout, &framework_timeout, env, 30.0, res), 0);
+    check_gave_up_early(res);
 }
 END_TEST
 
@@ -862,6 +881,7 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_mismatched_reduce_scatterv_counts);
     tcase_add_test(tc, test_timeout_names_missing_rank);
     tcase_add_test(tc, test_comm_set_timeout);
+    tcase_add_test(tc, test_env_timeout_wins);
     tcase_add_test(tc, test_zero_byte_p2p);
     tcase_add_test(tc, test_abort_reaches_peers);
     tcase_add_test(tc, test_garbage_from_peer);

@@ -397,7 +397,13 @@ rc=0
 "$@" || rc=$?
 e=$EPOCHREALTIME
 echo "$rc $s $e" > alloc.stamp
-timeout 10 squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' > alloc.steps 2>&1 || true
+# slurmctld drops a finished step asynchronously (it may be listed for a moment after srun
+# exits): the steps still listed after up to 3 s
+for _ in $(seq 30); do
+    timeout 10 squeue -h -s -j "$SLURM_JOB_ID" -o '%i %j' > alloc.steps 2>&1 || true
+    [ -s alloc.steps ] || break
+    sleep 0.1
+done
 exit $rc
 EOF
     chmod +x in_alloc.sh
