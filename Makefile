@@ -60,4 +60,4 @@ env-doc: build
 	@$(BUILD)/bin/gen-env-doc > docs/env-vars.md
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -146,6 +146,9 @@ static void begin_stop(agent_t *ag)
 {
     if (run_stop_begin(&ag->stop, ag->spec.grace_s)) {
         signal_all(ag, SIGTERM);
+        /* a stopped process (SIGSTOP, a debugger's ^Z) acts on SIGTERM only once
+         * continued; without this it waited the whole grace period for SIGKILL */
+        signal_all(ag, SIGCONT);
     }
 }
 

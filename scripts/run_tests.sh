@@ -30,7 +30,7 @@ echo "peer: $(( $(date +%s) - peer_start )) s"
 stage "ASan+UBSan build"
 if build_variant build-asan address; then
     (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-        ctest --output-on-failure -j"$JOBS" -LE 'launcher|install' -E 'np8|tcp.np4|hosts3' --timeout 1500) ||
+        ctest --output-on-failure -j"$JOBS" -LE 'launcher|install|soak' -E 'np8|tcp.np4|hosts3' --timeout 1500) ||
         failed+=("asan")
 else
     echo "ASan build failed"; failed+=("asan-build")
@@ -86,6 +86,19 @@ vg_run 0 --nproc-per-node 3 /bin/echo hello
 vg_run 3 --nproc-per-node 2 --max-restarts 1 /bin/sh -c 'exit 3'
 echo "valgrind: $vg_pass passed, $vg_fail failed"
 [ $vg_fail = 0 ] || failed+=("valgrind")
+
+stage "fuzz: libFuzzer on every parser of network bytes (clang build, label fuzz)"
+# tests/fuzz: each target runs 20 s on a copy of its seed corpus (tests/fuzz/corpus) and fails
+# on a crash, leak, timeout or sanitizer report; one stats line per target (cov, exec/s)
+fuzz_start=$(date +%s)
+if CC=clang CXX=clang++ cmake -S . -B build-fuzz -DDSHIM_FUZZ=ON -DDSHIM_CUDA=OFF -DDSHIM_WERROR=ON >/dev/null &&
+        make --no-print-directory -C build-fuzz -j"$JOBS" dshim_fuzz >/dev/null; then
+    (cd build-fuzz && ctest --output-on-failure -j"$JOBS" -L fuzz --timeout 300) || failed+=("fuzz")
+    grep -hE '^fuzz_[a-z_]+: ' build-fuzz/Testing/Temporary/LastTest.log 2>/dev/null
+else
+    echo "fuzz build failed (it needs clang and libclang-rt-14-dev: make setup)"; failed+=("fuzz-build")
+fi
+echo "fuzz: $(( $(date +%s) - fuzz_start )) s"
 
 echo
 if [ ${#failed[@]} -gt 0 ]; then

@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake pkg-config libzmq3-dev libunwind-dev libelf-dev check
               openmpi-bin libopenmpi-dev iproute2 valgrind python3-venv procps
-              openssh-server openssh-client rsync slurm-wlm munge libgomp1 libquadmath0)
+              openssh-server openssh-client rsync slurm-wlm munge libgomp1 libquadmath0
+              clang libclang-rt-14-dev)  # clang + libFuzzer: make test's fuzz stage (tests/fuzz)
 TORCH_VERSION=2.11.0
 
 SUDO=""

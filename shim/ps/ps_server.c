@@ -209,6 +209,14 @@ static dshim_status_t handle_push(server_t *s, int worker, const dshim_ps_hdr_t 
                  "only supported for float32)", h->key);
         return dshim_ps_srv_reply_error(s, worker, h->seq, msg);
     }
+    if (!compressed && h->len % esize != 0) {
+        /* the values are copied by h->len into a key sized by whole elements:
+         * a ragged length would overrun it (found by tests/fuzz/fuzz_ps) */
+        snprintf(msg, sizeof(msg), "key %d: a push of %llu bytes is not a whole number of %zu-byte values of dtype "
+                 "%d: are the workers running another dshim version?", h->key, (unsigned long long)h->len, esize,
+                 h->dtype);
+        return dshim_ps_srv_reply_error(s, worker, h->seq, msg);
+    }
     size_t n = compressed ? h->nelem : h->len / esize;
     key_state_t *k = dshim_ps_srv_find_key(s, h->key, 1);
     if (k == NULL) {
@@ -339,23 +347,49 @@ static dshim_status_t handle_command(server_t *s, int worker, const dshim_ps_hdr
     return dshim_ps_srv_reply(s, worker, h->seq, DSHIM_PS_MSG_REPLY, NULL, 0);
 }
 
+/* Reads a payload of len bytes into s->buf, with room for a NUL after it.
+ * The buffer grows with the bytes that arrive (at least 1 MiB at a time,
+ * doubling), not with the length the header claims: a garbled or hostile
+ * length costs no more memory than the bytes really sent, and a length of
+ * 2^64 - 1 cannot wrap the size to allocate (found by tests/fuzz/fuzz_ps). */
+static dshim_status_t recv_payload(server_t *s, int fd, uint64_t len, double deadline)
+{
+    if (len >= SIZE_MAX) {
+        return DSHIM_ERR_PROTOCOL;
+    }
+    size_t done = 0;
+    for (;;) {
+        if ((size_t)len + 1 > s->buf_cap) {
+            size_t grow = s->buf_cap < ((size_t)1 << 20) ? ((size_t)1 << 20) : s->buf_cap * 2;
+            grow = grow < (size_t)len + 1 ? grow : (size_t)len + 1;
+            char *b = realloc(s->buf, grow);
+            if (b == NULL) {
+                return dshim_error(DSHIM_ERR_NOMEM, "server: cannot hold a %llu-byte message",
+                                   (unsigned long long)len);
+            }
+            s->buf = b;
+            s->buf_cap = grow;
+        }
+        size_t upto = s->buf_cap - 1 < (size_t)len ? s->buf_cap - 1 : (size_t)len;
+        DSHIM_CHECK(dshim_ps_recv_body(fd, s->buf + done, upto - done, deadline));
+        done = upto;
+        if (done == len) {
+            return DSHIM_OK;
+        }
+    }
+}
+
 static dshim_status_t handle_message(server_t *s, int worker)
 {
     int fd = s->worker_fds[worker];
     double deadline = dshim_now() + s->node->env.timeout_s;
     dshim_ps_hdr_t h;
     dshim_status_t st = dshim_ps_recv_hdr(fd, &h, deadline);
-    if (st == DSHIM_OK && h.len + 1 > s->buf_cap) {
-        char *b = realloc(s->buf, h.len + 1);
-        if (b == NULL) {
-            return dshim_error(DSHIM_ERR_NOMEM, "server: cannot hold a %llu-byte message",
-                               (unsigned long long)h.len);
-        }
-        s->buf = b;
-        s->buf_cap = h.len + 1;
-    }
     if (st == DSHIM_OK) {
-        st = dshim_ps_recv_body(fd, s->buf, h.len, deadline);
+        st = recv_payload(s, fd, h.len, deadline);
+        if (st == DSHIM_ERR_NOMEM) {
+            return st;
+        }
     }
     if (st != DSHIM_OK) {
         /* the scheduler's notice names the dead process best: give it a moment */

@@ -18,8 +18,15 @@ static int rows_message(server_t *s, int worker, const dshim_ps_hdr_t *h, int pu
                         size_t cap)
 {
     const size_t es = dshim_ps_dtype_size(h->dtype);
-    const size_t per = sizeof(int64_t) + (push ? (size_t)h->off * es : 0);
-    if (es == 0 || h->off == 0 || h->len % per != 0) {
+    /* a part whose size in bytes does not fit a size_t is garbage: the
+     * products below would wrap (a row of 2^64 - 8 bytes made `per` 0, a
+     * division by zero; found by tests/fuzz/fuzz_ps) */
+    size_t row_bytes = 0, part_bytes = 0;
+    const int shape_ok = es != 0 && h->off != 0 && !__builtin_mul_overflow((size_t)h->off, es, &row_bytes) &&
+                         !__builtin_mul_overflow(row_bytes, (size_t)h->nelem, &part_bytes) &&
+                         row_bytes <= SIZE_MAX - sizeof(int64_t);
+    const size_t per = sizeof(int64_t) + (push ? row_bytes : 0);
+    if (!shape_ok || h->len % per != 0) {
         snprintf(msg, cap, "key %d: a malformed row_sparse %s from worker %d (%llu bytes for rows of %llu elements "
                  "of dtype %d): are the workers running another dshim version?", h->key, push ? "push" : "pull",
                  worker, (unsigned long long)h->len, (unsigned long long)h->off, h->dtype);
