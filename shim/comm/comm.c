@@ -37,24 +37,9 @@ static dshim_status_t check_args(const dshim_comm_args_t *a)
 static dshim_store_ref_t *hosted_ref;
 static pid_t hosted_pid; /* a forked child (a data-loader worker) must not touch the parent's store */
 
-static void linger_at_exit(void)
-{
-    dshim_store_ref_t *ref = __atomic_load_n(&hosted_ref, __ATOMIC_ACQUIRE);
-    if (!ref || getpid() != hosted_pid || !__atomic_load_n(&ref->failed, __ATOMIC_ACQUIRE)) {
-        return;
-    }
-    double deadline = dshim_now() + 3.0;
-    int64_t seen = 0;
-    while (dshim_now() < deadline && dshim_store_add(ref->store, "failseen", 0, &seen) == DSHIM_OK &&
-           seen < ref->size - 1) {
-        struct timespec ts = {0, 10000000};
-        nanosleep(&ts, NULL);
-    }
-}
-
-/* The store's host failed during start-up: keep serving until every other
- * rank has counted itself in `failseen` (they do so when they fail after
- * reading this host's reason), or 3 s; its reason would vanish with it. */
+/* Keep serving the store until every other rank has counted itself in
+ * `failseen` (they do so when they fail after reading the failure kept in
+ * it), or 3 s: the reason would vanish with this process. */
 static void linger_for_readers(dshim_store_ref_t *ref)
 {
     double deadline = dshim_now() + 3.0;
@@ -64,6 +49,16 @@ static void linger_for_readers(dshim_store_ref_t *ref)
         struct timespec ts = {0, 10000000};
         nanosleep(&ts, NULL);
     }
+}
+
+/* At exit, a failed communicator's store host lingers for the readers. */
+static void linger_at_exit(void)
+{
+    dshim_store_ref_t *ref = __atomic_load_n(&hosted_ref, __ATOMIC_ACQUIRE);
+    if (!ref || getpid() != hosted_pid || !__atomic_load_n(&ref->failed, __ATOMIC_ACQUIRE)) {
+        return;
+    }
+    linger_for_readers(ref);
 }
 
 /* Start-up failed while the store was reachable.  This rank's reason goes

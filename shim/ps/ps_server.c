@@ -465,6 +465,39 @@ static void accept_worker(server_t *s)
     DSHIM_PS_INFO(&s->node->env, s->node->rank, "worker %d connected", h.key);
 }
 
+/* The server's state, released when it stops (also by tests/fuzz/fuzz_ps.c after each input). */
+static void server_free(server_t *s)
+{
+    for (size_t i = 0; i < s->nkeys; i++) {
+        key_state_t *k = &s->keys[i];
+        if (k->stored_cookie) {
+            s->ops->release(s->ops->ctx, k->stored_cookie);
+        }
+        if (k->merged_cookie) {
+            s->ops->release(s->ops->ctx, k->merged_cookie);
+        }
+        if (k->master_cookie) {
+            s->ops->release(s->ops->ctx, k->master_cookie);
+        }
+        free(k->wide);
+        free(k->decomp);
+        free(k->present);
+        free(k->waiters);
+        for (size_t j = 0; j < k->cap_pieces; j++) {
+            free(k->pieces[j].waiters);
+        }
+        free(k->pieces);
+    }
+    free(s->keys);
+    free(s->buf);
+    for (int i = 0; i < s->node->env.num_workers; i++) {
+        if (s->worker_fds[i] >= 0) {
+            close(s->worker_fds[i]);
+        }
+    }
+    free(s->worker_fds);
+}
+
 dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_ops_t *ops_in)
 {
     static const dshim_ps_server_ops_t plain = {0};
@@ -530,34 +563,7 @@ dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_
             }
         }
     }
-    for (size_t i = 0; i < s.nkeys; i++) {
-        key_state_t *k = &s.keys[i];
-        if (k->stored_cookie) {
-            ops.release(ops.ctx, k->stored_cookie);
-        }
-        if (k->merged_cookie) {
-            ops.release(ops.ctx, k->merged_cookie);
-        }
-        if (k->master_cookie) {
-            ops.release(ops.ctx, k->master_cookie);
-        }
-        free(k->wide);
-        free(k->decomp);
-        free(k->present);
-        free(k->waiters);
-        for (size_t j = 0; j < k->cap_pieces; j++) {
-            free(k->pieces[j].waiters);
-        }
-        free(k->pieces);
-    }
-    free(s.keys);
-    free(s.buf);
-    for (int i = 0; i < nw; i++) {
-        if (s.worker_fds[i] >= 0) {
-            close(s.worker_fds[i]);
-        }
-    }
-    free(s.worker_fds);
+    server_free(&s);
     free(pfds);
     if (st == DSHIM_OK && s.all_left) {
         pthread_mutex_lock(&node->mu);

@@ -62,39 +62,6 @@ static void *drain_main(void *arg)
     }
 }
 
-/* dshim_ps_server_run's clean-up of the server's state. */
-static void server_free(server_t *s)
-{
-    for (size_t i = 0; i < s->nkeys; i++) {
-        key_state_t *k = &s->keys[i];
-        if (k->stored_cookie) {
-            s->ops->release(s->ops->ctx, k->stored_cookie);
-        }
-        if (k->merged_cookie) {
-            s->ops->release(s->ops->ctx, k->merged_cookie);
-        }
-        if (k->master_cookie) {
-            s->ops->release(s->ops->ctx, k->master_cookie);
-        }
-        free(k->wide);
-        free(k->decomp);
-        free(k->present);
-        free(k->waiters);
-        for (size_t j = 0; j < k->cap_pieces; j++) {
-            free(k->pieces[j].waiters);
-        }
-        free(k->pieces);
-    }
-    free(s->keys);
-    free(s->buf);
-    for (int i = 0; i < s->node->env.num_workers; i++) {
-        if (s->worker_fds[i] >= 0) {
-            close(s->worker_fds[i]);
-        }
-    }
-    free(s->worker_fds);
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) {
