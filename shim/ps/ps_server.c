@@ -498,6 +498,26 @@ static void server_free(server_t *s)
     free(s->worker_fds);
 }
 
+/* The server's state before its first worker (also by tests/fuzz/fuzz_ps.c for each input);
+ * server_free releases it.  -1 when the worker table cannot be allocated. */
+static int server_init(server_t *s, dshim_ps_node_t *node, const dshim_ps_server_ops_t *ops)
+{
+    memset(s, 0, sizeof(*s));
+    s->node = node;
+    s->multi_precision = dshim_config()->ps_float32_master;
+    s->ops = ops;
+    s->threshold = DSHIM_TWOBIT_DEFAULT_THRESHOLD;
+    int nw = node->env.num_workers;
+    s->worker_fds = malloc(sizeof(int) * (size_t)nw);
+    if (s->worker_fds == NULL) {
+        return -1;
+    }
+    for (int i = 0; i < nw; i++) {
+        s->worker_fds[i] = -1;
+    }
+    return 0;
+}
+
 dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_ops_t *ops_in)
 {
     static const dshim_ps_server_ops_t plain = {0};
@@ -513,21 +533,13 @@ dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_
         ops.has_updater = plain_has_updater;
     }
     server_t s;
-    memset(&s, 0, sizeof(s));
-    s.node = node;
-    s.multi_precision = dshim_config()->ps_float32_master;
-    s.ops = &ops;
-    s.threshold = DSHIM_TWOBIT_DEFAULT_THRESHOLD;
     int nw = node->env.num_workers;
-    s.worker_fds = malloc(sizeof(int) * (size_t)nw);
+    int init = server_init(&s, node, &ops);
     struct pollfd *pfds = calloc((size_t)nw + 2, sizeof(*pfds));
-    if (s.worker_fds == NULL || pfds == NULL) {
+    if (init != 0 || pfds == NULL) {
         free(s.worker_fds);
         free(pfds);
         return dshim_error(DSHIM_ERR_NOMEM, "server: out of memory");
-    }
-    for (int i = 0; i < nw; i++) {
-        s.worker_fds[i] = -1;
     }
     dshim_status_t st = DSHIM_OK;
     while (!s.stop && st == DSHIM_OK) {

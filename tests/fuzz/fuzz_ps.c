@@ -74,16 +74,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dshim_ps_server_ops_t ops = {.alloc = fuzz_alloc, .release = plain_release, .wait = plain_wait,
                                  .has_updater = plain_has_updater};
     server_t s;
-    memset(&s, 0, sizeof(s));
-    s.node = node;
-    s.multi_precision = dshim_config()->ps_float32_master;
-    s.ops = &ops;
-    s.threshold = DSHIM_TWOBIT_DEFAULT_THRESHOLD;
-    s.sync_mode = data[0] & 1;
-    s.worker_fds = malloc(sizeof(int) * (size_t)nw);
-    for (int i = 0; i < nw; i++) {
-        s.worker_fds[i] = -1;
+    if (server_init(&s, node, &ops) != 0) {
+        abort();
     }
+    s.sync_mode = data[0] & 1;
 
     int client = fuzz_connect_send(data + 1, size - 1);
     pthread_t drainer;
