@@ -119,6 +119,9 @@ DSHIM_EXPORT dshim_status_t dshim_comm_abort(dshim_comm_t *comm, const char *rea
  * DSHIM_TIMEOUT (e.g. the timeout given to torch's init_process_group);
  * <= 0 means no limit.  Call it before issuing operations on comm. */
 DSHIM_EXPORT dshim_status_t dshim_comm_set_timeout(dshim_comm_t *comm, double seconds);
+/* Names the communicator in flight-recorder dumps, the launcher's diagnosis
+ * and the timeline ("torch group 1 (default_pg)"); copied. */
+DSHIM_EXPORT dshim_status_t dshim_comm_set_desc(dshim_comm_t *comm, const char *desc);
 DSHIM_EXPORT int dshim_comm_rank(const dshim_comm_t *comm);
 DSHIM_EXPORT int dshim_comm_size(const dshim_comm_t *comm);
 /* "shm", "tcp", "shm+tcp" or "self": what carries this rank's traffic. */
@@ -285,6 +288,18 @@ DSHIM_EXPORT dshim_status_t dshim_gpu_stream_sync(int device, void *stream);
  * may alias src exactly.  Local: no communication, any thread. */
 DSHIM_EXPORT dshim_status_t dshim_scale_mul(dshim_comm_t *comm, void *dst, const void *src, size_t count,
                                             dshim_dtype_t dtype, const void *scalar);
+
+
+/* Flight recorder (docs/observability.md).  Names the framework call behind
+ * the next operation this thread submits to any communicator ("torch
+ * all_reduce", "DDP bucket 2", "MXNet push key 3", "ncclAllReduce"); shown in
+ * dumps, the launcher's diagnosis and the timeline.  Copied (truncated to 63
+ * bytes); NULL clears it.  Costs a thread-local copy; no-op when the
+ * recorder is off. */
+DSHIM_EXPORT void dshim_trace_label(const char *label);
+/* Writes this process's flight-recorder dump now (reason "request"), as the
+ * DSHIM_TRACE_SIGNAL signal does.  DSHIM_OK also when the recorder is off. */
+DSHIM_EXPORT dshim_status_t dshim_trace_dump(void);
 
 #ifdef __cplusplus
 }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "child.h"
+#include "collect.h"
 #include "errfile.h"
 #include "config.h"
 #include "frame.h"
@@ -29,6 +30,7 @@
 #include "signals.h"
 #include "spec.h"
 #include "stop.h"
+#include "timeline.h"
 
 extern char **environ;
 
@@ -169,6 +171,7 @@ static void on_exit_status(void *ctx, pid_t pid, int status)
             run_frame_write(1, 'R', p->sp->index, 0, 0, why, strlen(why));
         }
         free(why);
+        run_timeline_agent_send(p->sp->index, &p->sp->env, &ag->spec.env);  /* --timeline: its file, before its X */
         run_frame_write(1, 'X', p->sp->index, e.code, e.sig, NULL, 0);
         if (run_exit_code(e) != 0 && ag->first_bad == 0) {
             ag->first_bad = run_exit_code(e);
@@ -304,7 +307,24 @@ static void read_lifeline(agent_t *ag)
     if (got <= 0 || memchr(b, 'K', (size_t)got)) {
         ag->watch_stdin = false;
         begin_stop(ag);
+    } else {
+        run_timeline_agent_input(b, (size_t)got);  /* clock pings of --timeline */
+        run_collect_agent_input(b, (size_t)got);   /* requests for flight-recorder dumps (collect.h) */
     }
+}
+
+/* A collection of flight-recorder dumps (collect.h) in progress: its next step. */
+static int poll_collection(agent_t *ag)
+{
+    run_collect_proc_t *view = run_xmalloc((size_t)(ag->n > 0 ? ag->n : 1) * sizeof(*view));
+    for (int i = 0; i < ag->n; i++) {
+        const char *rank = run_strv_getenv(&ag->procs[i].sp->env, "RANK");
+        view[i] = (run_collect_proc_t){.idx = ag->procs[i].sp->index, .pid = ag->procs[i].pid,
+                                       .rank = rank ? atoi(rank) : -1, .running = ag->procs[i].running};
+    }
+    int ms = run_collect_agent_poll(view, ag->n);
+    free(view);
+    return ms;
 }
 
 /* Relays output and exits until every process and everything they forked is gone. */
@@ -323,7 +343,12 @@ static void supervise(agent_t *ag)
             run_pollset_add_pipes(&ps, &ag->procs[i].pipes);
         }
         /* while stopping, descendants are found by polling /proc */
-        if (run_pollset_wait(&ps, run_stop_wait_ms(&ag->stop, 500, 200)) < 0) {
+        int wait_ms = run_stop_wait_ms(&ag->stop, 500, 200);
+        int collect_ms = poll_collection(ag);
+        if (collect_ms >= 0 && collect_ms < wait_ms) {
+            wait_ms = collect_ms;  /* a dump collection watches the dump files */
+        }
+        if (run_pollset_wait(&ps, wait_ms) < 0) {
             break;
         }
         int sigs[64];
@@ -361,11 +386,15 @@ int run_agent_main(bool rank_mode)
     if (rc != 0) {
         return rc;
     }
+    run_collect_agent_init(ag.spec.trace_dir, ag.spec.trace_owned);
     ag.first_bad = spawn_all(&ag) ? 127 : 0;
     if (told_to_stop || ag.first_bad) {
         begin_stop(&ag);
     }
     supervise(&ag);
+    /* a request for dumps that came as the last processes ended is answered still */
+    poll_collection(&ag);
+    run_collect_agent_end();
     for (int i = 0; i < ag.n; i++) {
         run_pipes_free(&ag.procs[i].pipes);
     }

@@ -12,10 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ftw.h>
+#include <limits.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "child.h"
+#include "collect.h"
 #include "config.h"
 #include "frame.h"
 #include "log.h"
@@ -26,6 +30,7 @@
 #include "spec.h"
 #include "stop.h"
 #include "store.h"
+#include "timeline.h"
 
 extern char **environ;
 
@@ -68,6 +73,17 @@ struct ctl {
     dshim_store_t *peers;     /* per-node mode: the store shared with the other nodes' dshim-run */
     double peers_next;
     bool peers_told;
+    run_timeline_t *tl;       /* --timeline */
+    /* flight-recorder dumps (collect.h): after the first failure the stop
+     * waits for them (bounded); --status and SIGUSR1 ask for them too */
+    run_collect_t *col;
+    bool stop_deferred;       /* begin_stop(stop_origin) once the dumps are in */
+    const agent_t *stop_origin;
+    int first_fail_idx;       /* the process whose failure stops the job; -1 none */
+    int status_fd;            /* listening socket of --status; -1 none */
+    int *clients;             /* --status connections awaiting the answer */
+    int nclients;
+    bool status_to_stderr;    /* SIGUSR1 asked: the answer goes to our stderr */
 };
 
 static const char *signame(long sig)
@@ -113,6 +129,170 @@ static void begin_stop(ctl_t *c, const agent_t *origin)
     }
 }
 
+static void answer_clients(ctl_t *c, const char *text)
+{
+    for (int i = 0; i < c->nclients; i++) {
+        (void)run_write_all(c->clients[i], text, strlen(text));
+        close(c->clients[i]);
+    }
+    c->nclients = 0;
+}
+
+/* Asks every agent with a lifeline for its processes' dumps (collect.h).
+ * A failure replaces a --status request in progress. */
+static bool collect(ctl_t *c, int mode)
+{
+    if (!run_collect_enabled(c->col) || c->stop.stopping) {
+        return false;
+    }
+    if (run_collect_active(c->col) && run_collect_mode(c->col) == RUN_COLLECT_REQUEST) {
+        answer_clients(c, "dshim-run: the job failed while its status was being collected; see its output\n");
+        c->status_to_stderr = false;
+    }
+    int *fds = run_xmalloc((size_t)c->nagents * sizeof(int));
+    for (int i = 0; i < c->nagents; i++) {
+        const agent_t *a = &c->agents[i];
+        fds[i] = a->hello && !a->reaped ? a->ch.in_fd : -1;
+    }
+    bool started = run_collect_start(c->col, mode, fds);
+    free(fds);
+    return started;
+}
+
+/* What the launcher knows of each process, for the diagnosis. */
+static dshim_trace_proc_t *procs_for_trace(const ctl_t *c)
+{
+    dshim_trace_proc_t *tp = run_xmalloc((size_t)(c->plan->nprocs > 0 ? c->plan->nprocs : 1) * sizeof(*tp));
+    for (int i = 0; i < c->plan->nprocs; i++) {
+        const pstate_t *p = &c->ps[i];
+        dshim_trace_proc_t *t = &tp[i];
+        int r = -1;
+        t->rank = sscanf(c->plan->procs[i].name, "rank %d", &r) == 1 ? r : -1;
+        snprintf(t->name, sizeof(t->name), "%s", c->plan->procs[i].name);
+        snprintf(t->host, sizeof(t->host), "%.63s", p->host);
+        t->pid = p->started ? p->pid : 0;
+        t->state = !p->started ? DSHIM_TRACE_PROC_UNKNOWN : !p->ended ? DSHIM_TRACE_PROC_RUNNING :
+                   p->sig ? DSHIM_TRACE_PROC_KILLED : DSHIM_TRACE_PROC_EXITED;
+        t->code = (int)p->code;
+        t->sig = (int)p->sig;
+        t->first_failure = i == c->first_fail_idx;
+    }
+    return tp;
+}
+
+/* The dumps are in (or the wait is over): the diagnosis, or the status. */
+static void finish_collection(ctl_t *c)
+{
+    int mode = run_collect_mode(c->col);
+    dshim_trace_proc_t *tp = procs_for_trace(c);
+    const char *dir = NULL;
+    char *text = run_collect_finish(c->col, tp, c->plan->nprocs, &dir);
+    free(tp);
+    if (mode == RUN_COLLECT_FAILURE) {
+        if (text && text[0]) {
+            run_say("diagnosis from the flight recorder (dumps in %s; dshim-run --diagnose DIR shows more):", dir);
+            for (char *line = text, *nl; *line; line = nl + 1) {
+                nl = strchr(line, '\n');
+                if (nl == NULL) {
+                    run_say("  %s", line);
+                    break;
+                }
+                *nl = '\0';
+                run_say("  %s", line);
+            }
+        }
+        free(text);
+        if (c->stop_deferred) {
+            c->stop_deferred = false;
+            begin_stop(c, c->stop_origin);
+        }
+        return;
+    }
+    char head[PATH_MAX + 200];
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    char when[32];
+    strftime(when, sizeof(when), "%H:%M:%S", &tm);
+    snprintf(head, sizeof(head), "dshim-run %d at %s: %d process(es), %d running; dumps in %s\n", (int)getpid(),
+             when, c->plan->nprocs, live_procs(c), dir);
+    if (c->status_to_stderr) {
+        run_say("status at %s (dumps in %s):", when, dir);
+        for (char *line = text, *nl; text && *line; line = nl + 1) {
+            nl = strchr(line, '\n');
+            if (nl) {
+                *nl = '\0';
+            }
+            run_say("  %s", line);
+            if (nl == NULL) {
+                break;
+            }
+        }
+        c->status_to_stderr = false;
+    }
+    for (int i = 0; i < c->nclients; i++) {
+        (void)run_write_all(c->clients[i], head, strlen(head));
+    }
+    answer_clients(c, text ? text : "");
+    free(text);
+}
+
+/* --status connected, or SIGUSR1: a collection of reason "request". */
+static void status_request(ctl_t *c, int client)
+{
+    const char *refusal = NULL;
+    if (c->stop.stopping || (run_collect_active(c->col) && run_collect_mode(c->col) == RUN_COLLECT_FAILURE)) {
+        refusal = "dshim-run: the job is stopping after a failure; see its output\n";
+    } else if (!run_collect_enabled(c->col)) {
+        refusal = "dshim-run: this job has no flight recorder to ask (--no-preload, or DSHIM_TRACE_BUFFER=0)\n";
+    } else if (!run_collect_active(c->col) && !collect(c, RUN_COLLECT_REQUEST)) {
+        refusal = "dshim-run: no agent of this job can be asked (not started yet, or started by mpirun/srun)\n";
+    }
+    if (refusal) {
+        if (client >= 0) {
+            (void)run_write_all(client, refusal, strlen(refusal));
+            close(client);
+        } else {
+            fputs(refusal, stderr);
+        }
+        return;
+    }
+    if (client < 0) {
+        c->status_to_stderr = true;
+        return;
+    }
+    int *cl = realloc(c->clients, (size_t)(c->nclients + 1) * sizeof(int));
+    if (cl == NULL) {
+        close(client);
+        return;
+    }
+    c->clients = cl;
+    c->clients[c->nclients++] = client;
+}
+
+static void accept_status(ctl_t *c)
+{
+    int fd = accept4(c->status_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) {
+        return;
+    }
+    /* the answer is written with blocking writes (a client reads until we
+     * close); one that does not read must not hold the job's controller */
+    struct timeval tv = {.tv_sec = 2};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    /* only "status" asks (`--status` writes it at once); a connection that
+     * says nothing is `--status` checking that we are alive */
+    struct timeval rtv = {.tv_usec = 200000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rtv, sizeof(rtv));
+    char req[16];
+    ssize_t n = read(fd, req, sizeof(req));
+    if (n < 6 || memcmp(req, "status", 6) != 0) {
+        close(fd);
+        return;
+    }
+    status_request(c, fd);
+}
+
 /* The first failure decides the exit code and the message. */
 static void fail(ctl_t *c, const agent_t *origin, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -132,6 +312,13 @@ static void fail(ctl_t *c, const agent_t *origin, int code, const char *fmt, ...
     snprintf(c->reason, sizeof(c->reason), "%s", msg);
     int live = live_procs(c);
     run_say("%s; stopping the job (%d other process%s running)", msg, live, live == 1 ? "" : "es");
+    if (live > 0 && collect(c, RUN_COLLECT_FAILURE)) {
+        /* the others' flight-recorder dumps first: they say where each rank
+         * is, and stopping would change it (bounded: RUN_COLLECT_WAIT_S) */
+        c->stop_deferred = true;
+        c->stop_origin = origin;
+        return;
+    }
     begin_stop(c, origin);
 }
 
@@ -168,8 +355,9 @@ static void on_proc_exit(ctl_t *c, agent_t *a, const run_frame_t *f)
     if (run_exit_code(e) == 0) {
         return;
     }
-    if (!c->stop.stopping) {
+    if (!c->stop.stopping && !c->have_reason) {
         run_output_show_tail(c->out, f->idx);  /* the failure, not the ones we stop */
+        c->first_fail_idx = f->idx;
     }
     const char *name = c->plan->procs[f->idx].name;
     const char *sep = p->reason ? ": " : "";
@@ -190,6 +378,12 @@ static void on_agent_line(void *owner, bool err, const char *line, size_t len)
     run_frame_t f;
     if (err || run_frame_parse(line, len, &f) != 0 || (f.kind != 'H' && f.idx != -1 && !idx_ok(a, f.idx))) {
         on_foreign_line(c, a, err, line, len);
+        return;
+    }
+    if (run_timeline_frame(c->tl, (int)(a - c->agents), &f)) {
+        return;
+    }
+    if (run_collect_frame(c->col, (int)(a - c->agents), &f)) {
         return;
     }
     pstate_t *p = f.idx >= 0 ? &c->ps[f.idx] : NULL;
@@ -265,6 +459,7 @@ static void on_exit_status(void *ctx, pid_t pid, int status)
         if (!a->reaped && a->ch.pid == pid) {
             a->reaped = true;
             a->status = status;
+            run_collect_agent_gone(c->col, i);
             if (a->ch.in_fd >= 0) {
                 close(a->ch.in_fd);
                 a->ch.in_fd = -1;
@@ -471,6 +666,15 @@ static void on_signals(ctl_t *c)
     int sigs[64];
     int n = run_signals_take(sigs, 64);
     for (int k = 0; k < n; k++) {
+        if (sigs[k] == SIGUSR1) {
+            status_request(c, -1);  /* the status on our stderr; the job goes on */
+            continue;
+        }
+        if (c->stop_deferred) {
+            /* interrupted while the dumps of a failure come in: stop now, with what came */
+            finish_collection(c);
+            continue;
+        }
         if (!c->stop.stopping) {
             c->have_reason = true;
             c->exit_code = 128 + sigs[k];
@@ -523,9 +727,12 @@ static void run_loop(ctl_t *c)
         int sig_entry = run_pollset_add_fd(&ps, run_signals_fd());
         for (int i = 0; i < c->nagents; i++) {
             run_pollset_add_pipes(&ps, &c->agents[i].pipes);
+            agent_t *a = &c->agents[i];
+            run_timeline_poll(c->tl, i, a->hello && !a->reaped && !c->stop.stopping ? a->ch.in_fd : -1, a->host);
         }
+        int status_entry = c->status_fd >= 0 ? run_pollset_add_fd(&ps, c->status_fd) : -1;
         /* per-node mode also looks at the other nodes' launchers (poll_peer_launchers) */
-        int idle_ms = c->plan->per_node ? 100 : 1000;
+        int idle_ms = run_collect_wait_ms(c->col, c->plan->per_node ? 100 : 1000);
         if (run_pollset_wait(&ps, run_stop_wait_ms(&c->stop, idle_ms, 100)) < 0) {
             break;
         }
@@ -533,6 +740,20 @@ static void run_loop(ctl_t *c)
             on_signals(c);
         }
         run_pollset_read_pipes(&ps);
+        if (run_pollset_ready(&ps, status_entry)) {
+            accept_status(c);
+        }
+        if (run_collect_complete(c->col)) {
+            finish_collection(c);
+        } else if (run_collect_overdue(c->col)) {
+            if (c->stop_deferred) {
+                /* the stop waits no longer; late dumps still make the diagnosis */
+                c->stop_deferred = false;
+                begin_stop(c, c->stop_origin);
+            } else if (run_collect_mode(c->col) == RUN_COLLECT_REQUEST) {
+                finish_collection(c);
+            }
+        }
     }
     run_pollset_free(&ps);
 }
@@ -606,6 +827,11 @@ int run_controller(const run_opts_t *o, run_plan_t *plan, bool *failed)
         }
     }
     c.out = run_output_open(o, plan, plan->attempt);
+    c.tl = run_timeline_new(o->timeline, c.nagents);
+    c.col = run_collect_new(o, plan, c.nagents);
+    c.first_fail_idx = -1;
+    c.status_fd = run_collect_enabled(c.col) ? run_status_listen() : -1;
+    run_signals_catch_also(SIGUSR1);
     for (int i = 0; i < c.nagents; i++) {
         c.agents[i].c = &c;
         c.agents[i].g = &plan->groups[i];
@@ -616,6 +842,16 @@ int run_controller(const run_opts_t *o, run_plan_t *plan, bool *failed)
         start_agent(&c, &c.agents[i]);
     }
     run_loop(&c);
+    if (run_collect_active(c.col)) {
+        finish_collection(&c);  /* every agent ended before the wait did */
+    }
+    answer_clients(&c, "dshim-run: the job ended\n");
+    free(c.clients);
+    run_status_unlisten(c.status_fd);
+    run_collect_free(c.col);
+    run_timeline_fetch(c.tl, plan);
+    run_timeline_write(c.tl, plan);
+    run_timeline_free(c.tl);
     sweep_local_leftovers();
     if (c.peers) {
         c.peers_next = 0;

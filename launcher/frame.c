@@ -107,6 +107,12 @@ int run_frame_parse(const char *line, size_t len, run_frame_t *f)
     case 'E':
     case 'F':
     case 'R':
+    case 'T':
+    case 'Q':
+    case 'D':  /* D, B, Y, Z: flight-recorder dumps (collect.h) */
+    case 'B':
+    case 'Y':
+    case 'Z':
         p = field(p, end, &v);
         if (p == NULL) {
             return -1;

@@ -12,6 +12,12 @@
  *   X <idx> <code> <signal>     process ended (code -1 when killed by signal)
  *   F <idx> <text>              the agent could not start/handle idx (-1: whole agent)
  *   R <idx> <text>              why idx failed, from torch's error file (before its X)
+ *   T <idx> <text>              a line of idx's timeline file (--timeline, timeline.h)
+ *   Q -1 <n> <mono> <real>      the answer to the controller's clock ping n (timeline.h)
+ *   D -1 <name>                 a flight-recorder dump file begins (collect.h)
+ *   B -1 <base64>               its bytes
+ *   Y <idx> <state> <asked> <answered>  process idx when the dumps were asked for
+ *   Z -1 <n> <files>            the agent's answer to collection n is complete
  */
 #ifndef DSHIM_RUN_FRAME_H
 #define DSHIM_RUN_FRAME_H

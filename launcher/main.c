@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "run.h"
+#include "timeline.h"
 
 int main(int argc, char **argv)
 {
@@ -30,6 +31,7 @@ int main(int argc, char **argv)
     for (int attempt = 0;; attempt++) {
         run_plan_t plan;
         run_build_plan(&opts, &plan, attempt);
+        run_timeline_plan(&opts, &plan);
         if (opts.dry_run) {
             run_print_plan(&opts, &plan);
             run_free_plan(&plan);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "collect.h"
 #include "config.h"
 #include "run.h"
 
@@ -49,9 +50,14 @@ void run_print_usage(void)
         "  --max-restarts K           restart the whole job up to K times after a failure\n"
         "  --log-dir DIR              also write each process's output to DIR/<role><rank>.log\n"
         "  --quiet-others             show only rank 0 (worker 0) on the terminal\n"
+        "  --timeline FILE            write every rank's operations to FILE at the end (Chrome trace /\n"
+        "                             Perfetto JSON: a track per rank, a span per collective; clocks aligned)\n"
         "  --no-preload               do not put libdshim.so in LD_PRELOAD (frameworks' own transport)\n"
         "  --dry-run                  print what would run (hosts, environment, commands) and exit\n"
         "  --print-config             print every DSHIM_* variable with its default and help\n"
+        "  --status [PID]             status of a running dshim-run (the only one of yours, or PID): per rank\n"
+        "                             its operation, for how long, waiting for whom, bytes; the stragglers\n"
+        "  --diagnose DIR             read the flight-recorder dumps in DIR (a job's dshim-trace-* directory)\n"
         "  --print-lib                print the path of the libdshim.so this dshim-run preloads\n"
         "                             (for LD_PRELOAD=$(dshim-run --print-lib) python train.py)\n"
         "  --version                  print dshim's version\n"
@@ -114,7 +120,8 @@ static int parse_nproc(const char *val)
 static const char *const valued[] = {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr",
                                      "--master-port", "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend",
                                      "--num-workers", "--num-servers", "--hostfile", "--launcher",
-                                     "--sync-dst-dir", "--max-restarts", "--log-dir", NULL};
+                                     "--sync-dst-dir", "--max-restarts", "--log-dir", "--timeline", "--diagnose",
+                                     NULL};
 
 static bool takes_value(const char *name)
 {
@@ -224,6 +231,8 @@ static void apply(run_opts_t *o, seen_t *seen, const char *name, const char *val
         o->max_restarts = (int)parse_int(name, val, 0, 1000);
     } else if (strcmp(name, "--log-dir") == 0) {
         o->log_dir = run_xstrdup(val);
+    } else if (strcmp(name, "--timeline") == 0) {
+        o->timeline = run_xstrdup(val);
     } else if (strcmp(name, "--no-preload") == 0) {
         o->no_preload = true;
     } else if (strcmp(name, "--quiet-others") == 0) {
@@ -236,6 +245,10 @@ static void apply(run_opts_t *o, seen_t *seen, const char *name, const char *val
     } else if (strcmp(name, "--print-config") == 0) {
         dshim_config_print(stdout, 0);
         exit(0);
+    } else if (strcmp(name, "--diagnose") == 0) {
+        exit(run_diagnose_main(val));
+    } else if (strcmp(name, "--status") == 0) {
+        exit(run_status_main(val));  /* val: an optional pid (run_parse_options) */
     } else if (strcmp(name, "--print-lib") == 0) {
         char *exe = run_self_exe();
         char *lib = run_find_libdshim(exe);
@@ -403,11 +416,15 @@ void run_parse_options(int argc, char **argv, run_opts_t *o)
                 }
             }
             if (eq) {
-                if (!takes_value(name)) {
+                if (!takes_value(name) && strcmp(name, "--status") != 0) {
                     run_usage_error("option %s takes no value (got '%s')", name, eq + 1);
                 }
                 val = eq + 1;
             }
+        }
+        if (strcmp(name, "--status") == 0 && val == NULL && i + 1 < argc && argv[i + 1][0] >= '0' &&
+            argv[i + 1][0] <= '9') {
+            val = argv[++i];  /* --status takes an optional pid */
         }
         if (takes_value(name) && val == NULL) {
             if (i + 1 >= argc) {

@@ -22,6 +22,7 @@
 #include "config.h"
 #include "log.h"
 #include "net.h"
+#include "collect.h"
 #include "run.h"
 
 extern char **environ;
@@ -718,6 +719,7 @@ void run_build_plan(run_opts_t *o, run_plan_t *plan, int attempt)
     } else {
         mxnet_procs(o, plan, &common, &argv0, here, mxnet_root_port(o));
     }
+    run_collect_plan(o, plan, &common);
     plan->env = run_strv_terminated(&common);
     plan->nenv = common.n;
     run_strv_free(&argv0);
@@ -792,5 +794,6 @@ void run_free_plan(run_plan_t *plan)
     free(plan->token);
     free(plan->libdshim);
     free(plan->self_exe);
+    free(plan->trace_dir);
     memset(plan, 0, sizeof(*plan));
 }

@@ -54,6 +54,7 @@ typedef struct {
     bool quiet_others;
     bool dry_run;
     char *log_dir;
+    char *timeline;      /* --timeline FILE (timeline.c) */
     char **cmd;  /* the user's program and arguments (points into argv) */
     int ncmd;
     run_host_t *hosts;
@@ -105,6 +106,10 @@ typedef struct {
     char *token;
     char *libdshim;         /* absolute path, NULL with --no-preload */
     char *self_exe;         /* absolute path of dshim-run (agents run it) */
+    /* flight-recorder dumps (collect.h): the ranks' DSHIM_TRACE_DIR on every
+     * host, NULL when the recorder is off; owned: made by dshim-run per job */
+    char *trace_dir;
+    bool trace_owned;
 } run_plan_t;
 
 /* A growable array of strings (argv/env building). */

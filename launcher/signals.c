@@ -34,6 +34,14 @@ int run_signals_catch(void)
     return 0;
 }
 
+void run_signals_catch_also(int sig)
+{
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(sig, &sa, NULL);
+}
+
 int run_signals_fd(void)
 {
     return sig_pipe[0];

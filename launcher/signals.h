@@ -9,6 +9,9 @@
  * that went away is seen as a write error).  0, or -1 with errno when the
  * pipe cannot be made.  Again in the same process: the same pipe. */
 int run_signals_catch(void);
+/* Also catches sig the same way (the controller: SIGUSR1 asks for the
+ * job's status, docs/launcher.md).  After run_signals_catch. */
+void run_signals_catch_also(int sig);
 /* The pipe's read end, for poll(). */
 int run_signals_fd(void);
 /* Takes what arrived and fills sigs with the signals other than SIGCHLD (it

@@ -136,6 +136,14 @@ char *run_spec_encode(const run_plan_t *plan, int first, int count)
             ns_put(&b, pr->argv[i]);
         }
     }
+    /* the flight-recorder directory: "<owned 0|1>:<dir>", "" when none (collect.h) */
+    char *trace = NULL;
+    if (asprintf(&trace, "%s%s%s", plan->trace_dir ? (plan->trace_owned ? "1" : "0") : "",
+                 plan->trace_dir ? ":" : "", plan->trace_dir ? plan->trace_dir : "") < 0) {
+        run_usage_error("out of memory");
+    }
+    ns_put(&b, trace);
+    free(trace);
     char *out = b64_encode((unsigned char *)b.buf, b.len);
     free(b.buf);
     return out;
@@ -230,6 +238,14 @@ int run_spec_decode(const char *b64, run_spec_t *spec, char *err, size_t errlen)
         get_strv(&r, &p->argv);
         spec->nprocs++;
     }
+    char *trace = ns_get(&r);
+    if (trace && (trace[0] == '0' || trace[0] == '1') && trace[1] == ':') {
+        spec->trace_owned = trace[0] == '1';
+        spec->trace_dir = run_xstrdup(trace + 2);
+    } else {
+        spec->trace_dir = run_xstrdup("");
+    }
+    free(trace);
     free(raw);
     if (r.bad || spec->cwd == NULL || spec->nprocs != np) {
         snprintf(err, errlen, "job description is truncated or corrupt");
@@ -254,6 +270,7 @@ void run_spec_free(run_spec_t *spec)
     }
     free(spec->procs);
     free(spec->cwd);
+    free(spec->trace_dir);
     run_strv_free(&spec->env);
     memset(spec, 0, sizeof(*spec));
 }

@@ -23,6 +23,8 @@ typedef struct {
     run_strv_t env;
     run_spec_proc_t *procs;
     int nprocs;
+    char *trace_dir;   /* the ranks' flight-recorder directory, "" = none (collect.h) */
+    bool trace_owned;  /* made by dshim-run for this job */
 } run_spec_t;
 
 /* Encodes plan procs [first, first+count) for one agent; returns a malloc'ed base64 string. */

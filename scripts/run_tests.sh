@@ -10,6 +10,12 @@ failed=()
 
 stage() { echo; echo "=================== $* ==================="; }
 
+# Flight-recorder dumps of the tests' deliberate failures go here, not to the
+# shared default (/tmp/dshim-trace-<uid>); tests that read dumps set their own.
+DSHIM_TRACE_DIR=$(mktemp -d /tmp/dshim-test-trace.XXXXXX)
+export DSHIM_TRACE_DIR
+trap 'rm -rf "$DSHIM_TRACE_DIR"' EXIT
+
 build_variant() {  # dir, sanitizer
     cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSHIM_SANITIZE="$2" >/dev/null &&
         make --no-print-directory -C "$1" -j"$JOBS" >/dev/null

@@ -274,7 +274,10 @@ int dshim_mxkv_init(dshim_mxkv_t *kv, uint32_t num, const int *keys, NDArrayHand
     }
     if (kv->rank == 0) {
         /* only rank 0 pushes the initial values (no merge), then all wait */
-        if (pushes(kv, num, keys, vals, 0) != 0 || dshim_ps_worker_wait_all(kv->node) != DSHIM_OK) {
+        dshim_ps_worker_mark_init(1); /* the flight recorder: "MXNet init key K", no round */
+        int rc = pushes(kv, num, keys, vals, 0);
+        dshim_ps_worker_mark_init(0);
+        if (rc != 0 || dshim_ps_worker_wait_all(kv->node) != DSHIM_OK) {
             return -1;
         }
     } else {

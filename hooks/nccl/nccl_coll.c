@@ -53,6 +53,7 @@ static ncclResult_t submit(dshim_nccl_kind_t kind, const void *sbuf, void *rbuf,
     dshim_nccl_op_t o;
     memset(&o, 0, sizeof(o));
     o.kind = kind;
+    o.call = call;
     o.comm = comm;
     o.sbuf = sbuf;
     o.rbuf = rbuf;

@@ -58,6 +58,7 @@ typedef struct cuda_task {
     uint32_t seq;
     int enqueued;               /* the caller queued all its stream work (`done` recorded) */
     int barrier;                /* no ops: a barrier of the ranks, for nccl_ipc.c */
+    const char *call;           /* a barrier's NCCL call (static), for its flight-recorder label */
 } cuda_task_t;
 
 typedef struct dshim_nccl_cuda_state {
@@ -215,6 +216,7 @@ static void run_task(cuda_state_t *s, cuda_task_t *t)
     }
     if (t->barrier) {
         DSHIM_TRACE("proxy: stream barrier %u: its work is done here, waiting for the other ranks", t->seq);
+        dshim_nccl_label(t->call, "CUDA IPC barrier");
         dshim_status_t st = dshim_barrier(dc);
         if (st != DSHIM_OK && !dshim_hook_failed(dc)) {
             dshim_hook_fail(dc, st, dshim_last_error());
@@ -523,7 +525,8 @@ static uint32_t queue_task(cuda_state_t *s, cuda_task_t *t)
  * it: the communicator's asynchronous error) and releases the stream.
  * Nothing waits on the host.
  */
-ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t stream, int new_work)
+ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t stream, int new_work,
+                                           const char *call)
 {
     cuda_state_t *s = comm->cuda;
     cuda_task_t *t = calloc(1, sizeof(*t));
@@ -531,6 +534,7 @@ ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t 
         return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
     }
     t->barrier = 1;
+    t->call = call;
     dshim_gpu_err_t e = DSHIM_GPU_SUCCESS;
     if (new_work) {
         /* without new work the proxy has nothing to wait for here: the
@@ -698,7 +702,7 @@ static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int 
          * (the same call everywhere), once the batches before it are done:
          * the set-up exchanges messages on the communicator too */
         cuda_drain(comm);
-        res = dshim_nccl_ipc_setup(comm, a, &s->ipc);
+        res = dshim_nccl_ipc_setup(comm, a, &s->ipc, ops[0].call);
         if (res != ncclSuccess) {
             return res;
         }

@@ -61,6 +61,10 @@ typedef struct dshim_nccl_redop {
 /* One NCCL call, validated, waiting to be executed. */
 typedef struct dshim_nccl_op {
     dshim_nccl_kind_t kind;
+    /* the NCCL function called ("ncclAllReduce", static): the flight
+     * recorder's label, set by whichever thread posts the op on dshim (the
+     * caller, or the CUDA executor's proxy thread) */
+    const char *call;
     struct ncclComm *comm;
     const void *sbuf;
     void *rbuf;
@@ -193,6 +197,10 @@ void dshim_nccl_id_stop_if_unused(struct dshim_nccl_hosted *h);
  * 10.5 us posted + waited, 1.5 us run here; dshim_allreduce: 1.2 us). */
 ncclResult_t dshim_nccl_post(const dshim_nccl_op_t *op, const void *sbuf, void *rbuf, const void *scalar,
                              int blocking, dshim_nccl_posted_t *out);
+/* Labels this thread's next dshim submission for the flight recorder:
+ * "<call> (<what>)", e.g. "ncclAllReduce (CUDA IPC barrier)" for the dshim
+ * operations an NCCL call needs besides its own (call may be NULL). */
+void dshim_nccl_label(const char *call, const char *what);
 /* Waits for a posted op and releases what it owned. */
 ncclResult_t dshim_nccl_complete(struct ncclComm *comm, dshim_nccl_posted_t *p);
 /* Resolves op (built-in or PreMulSum) for an op being built. */

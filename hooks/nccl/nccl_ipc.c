@@ -239,7 +239,8 @@ static const char *open_peers(dshim_nccl_ipc_t *ipc, const ipc_record_t *recs, c
  * otherwise NULL with the reason logged once: the batches stage instead.
  * Errors of the exchange itself (a dead peer) are returned.
  */
-ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_gpu_runtime_t *api, dshim_nccl_ipc_t **ipc_p)
+ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_gpu_runtime_t *api, dshim_nccl_ipc_t **ipc_p,
+                                  const char *call)
 {
     *ipc_p = NULL;
     dshim_comm_t *dc = comm->dc;
@@ -264,6 +265,7 @@ ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_gpu_runtime
         ipc->chunk = 4096;
     }
     fail = setup_local(ipc, &me);
+    dshim_nccl_label(call, "CUDA IPC set-up");
     dshim_status_t st = dshim_allgather(dc, &me, recs, sizeof(me), DSHIM_UINT8);
     if (st != DSHIM_OK) {
         free(recs);
@@ -287,6 +289,7 @@ ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_gpu_runtime
         fail = open_peers(ipc, recs, why, sizeof(why));
     }
     int32_t agree = fail ? 0 : 1;
+    dshim_nccl_label(call, "CUDA IPC set-up");
     st = dshim_allreduce(dc, &agree, &agree, 1, DSHIM_INT32, DSHIM_MIN);
     free(recs);
     if (st != DSHIM_OK) {
@@ -422,12 +425,13 @@ static ncclResult_t barrier(ipc_run_t *r)
     if (!r->host_waits) {
         int new_work = r->queued;
         r->queued = 0;
-        return dshim_nccl_cuda_stream_barrier(r->comm, r->stream, new_work);
+        return dshim_nccl_cuda_stream_barrier(r->comm, r->stream, new_work, r->o->call);
     }
     dshim_gpu_err_t e = r->ipc->api->StreamSynchronize(r->stream);
     if (e != DSHIM_GPU_SUCCESS) {
         return ipc_fail_cuda(r->ipc, e, "cudaStreamSynchronize");
     }
+    dshim_nccl_label(r->o->call, "CUDA IPC barrier");
     dshim_status_t st = dshim_barrier(r->comm->dc);
     return st == DSHIM_OK ? ncclSuccess : dshim_nccl_from_dshim(st, "NCCL collective (CUDA IPC)");
 }

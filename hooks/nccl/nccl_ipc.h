@@ -26,7 +26,8 @@ const char *dshim_nccl_ipc_check_colls(const char *list);
 
 /* Collective, on the application's thread with no batch in flight: *ipc_p
  * set when every rank mapped every scratch, else NULL (reason logged). */
-ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_gpu_runtime_t *api, dshim_nccl_ipc_t **ipc_p);
+ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_gpu_runtime_t *api, dshim_nccl_ipc_t **ipc_p,
+                                  const char *call);
 /* The collective, chunk by chunk, on `stream`.  host_waits = 0: queued with
  * stream barriers between chunks, returns at once (DSHIM_NCCL_IPC_ASYNC=1);
  * 1: the calling thread synchronises the stream and runs the barriers,
@@ -37,7 +38,8 @@ ncclResult_t dshim_nccl_ipc_enqueue(dshim_nccl_ipc_t *ipc, struct ncclComm *comm
  * queued before it completes on every rank before work queued after it
  * starts on any), without blocking the host.  new_work = 0: nothing was
  * queued on the stream since this caller's previous stream barrier. */
-ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t stream, int new_work);
+ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t stream, int new_work,
+                                           const char *call);
 void dshim_nccl_ipc_free(dshim_nccl_ipc_t *ipc);
 
 #endif

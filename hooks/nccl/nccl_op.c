@@ -1,13 +1,22 @@
 /*
  * One NCCL op on host-addressable memory, posted on dshim without waiting
  * (both executors end here: the host one with the caller's buffers, the CUDA
- * one with pinned staging).
+ * one with pinned staging).  Every post is labelled for the flight recorder
+ * with the NCCL call behind it, in the thread that posts it.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "nccl/nccl_internal.h"
 #include "status.h"
+
+void dshim_nccl_label(const char *call, const char *what)
+{
+    char label[64];
+    snprintf(label, sizeof(label), "%s (%s)", call ? call : "NCCL", what);
+    dshim_trace_label(label);
+}
 
 ncclResult_t dshim_nccl_post(const dshim_nccl_op_t *op, const void *sbuf, void *rbuf, const void *scalar,
                              int blocking, dshim_nccl_posted_t *out)
@@ -26,6 +35,8 @@ ncclResult_t dshim_nccl_post(const dshim_nccl_op_t *op, const void *sbuf, void *
         (void)dshim_scale_mul(dc, out->temp, sbuf, n, op->dtype, scalar ? scalar : op->scalar); /* checked args */
         sbuf = out->temp;
     }
+    /* the label is this thread's and taken by the dshim call below */
+    dshim_trace_label(op->call);
     dshim_status_t st;
     switch (op->kind) {
     case DSHIM_NCCL_ALLREDUCE:
@@ -77,6 +88,7 @@ ncclResult_t dshim_nccl_post(const dshim_nccl_op_t *op, const void *sbuf, void *
         break;
     }
     if (st != DSHIM_OK) {
+        dshim_trace_label(NULL);  /* refused before it was recorded: not for a later op */
         free(out->temp);
         out->temp = NULL;
         out->req = NULL;

@@ -13,6 +13,11 @@ return at once; dshim completes the requests of one communicator in issue
 order, and one completion thread per communicator waits for them in that
 order and completes the torch Futures (ctypes releases the GIL while it
 waits).  Synchronous ones run the blocking dshim call in the caller's thread.
+
+Each dshim call is preceded by dshim_trace_label(label) in the thread that
+makes it (the label of the flight recorder's entry: which torch call it came
+from; process_group.py chooses it): the C core takes this thread's label at
+the next submission.
 """
 import atexit
 import collections
@@ -217,6 +222,14 @@ def _at_exit():
             log.exception("dshim: closing a communicator at exit")
 
 
+def _recorder_on(lib):
+    """False when dshim's flight recorder is off (DSHIM_TRACE_BUFFER=0): then no label is set."""
+    buf = ctypes.create_string_buffer(32)
+    if lib.dshim_config_get(b"DSHIM_TRACE_BUFFER", buf, len(buf)) != 0:
+        return True
+    return buf.value.strip() != b"0"
+
+
 class _Comm:
     def __init__(self, store, rank, size, timeout_s, desc):
         global _atexit_registered
@@ -243,6 +256,8 @@ class _Comm:
         # 30 min, DSHIM_TIMEOUT's 300 s) replaces DSHIM_TIMEOUT for this group.
         self.lib.dshim_comm_set_timeout(self.comm, ctypes.c_double(timeout_s))
         self.transport = (self.lib.dshim_comm_transport(self.comm) or b"?").decode()
+        # the flight recorder's labels: none when it is off (DSHIM_TRACE_BUFFER=0)
+        self._set_label = self.lib.dshim_trace_label if _recorder_on(self.lib) else None
         self._q = queue.SimpleQueue()
         self._thread = None
         self._thread_lock = threading.Lock()
@@ -259,6 +274,10 @@ class _Comm:
                 _atexit_registered = True
 
     # -- errors --------------------------------------------------------------
+
+    def set_trace_desc(self, text):
+        if self.comm:
+            self.lib.dshim_comm_set_desc(self.comm, text.encode())
 
     def error_text(self):
         """The communicator's sticky error, as the C core words it."""
@@ -314,16 +333,24 @@ class _Comm:
         raise RuntimeError(f"dshim: rank {self.rank} ({self.desc}): {name} on a process group that was shut "
                            f"down (destroy_process_group)")
 
-    def run_sync(self, name, calls, post, coll=True):
-        """Runs blocking dshim calls in this thread; raises on error."""
+    def run_sync(self, name, calls, post, coll=True, label=None):
+        """Runs blocking dshim calls in this thread; raises on error.  `label`
+        (bytes, or None for none) names each call in the flight recorder."""
         if self._closed:
             self._refuse_closed(name)
         op = self.new_op(name, len(calls) if coll else 0)
         comm = self.comm
+        set_label = self._set_label
+        if set_label is None:
+            label = None
         try:
             for i, (fn, args) in enumerate(calls):
+                if label is not None:
+                    set_label(label)
                 st = fn(comm, *args)
                 if st < 0:
+                    if label is not None:
+                        set_label(None)   # refused before it was queued: the label must not name a later call
                     if st in (_lib.ERR_INVALID, _lib.ERR_UNSUPPORTED) and coll:
                         # refused before it was queued: dshim numbered neither it nor the rest
                         self._seq -= len(calls) - i
@@ -334,18 +361,25 @@ class _Comm:
         finally:
             self.op_done(op)
 
-    def run_async(self, name, calls, result, post, keep, coll=True):
+    def run_async(self, name, calls, result, post, keep, coll=True, label=None):
         """Issues non-blocking dshim calls; returns the Future the completion
-        thread completes (after `post`)."""
+        thread completes (after `post`).  `label` as in run_sync."""
         if self._closed:
             self._refuse_closed(name)
         op = self.new_op(name, len(calls) if coll else 0)
         comm = self.comm
+        set_label = self._set_label
+        if set_label is None:
+            label = None
         reqs = []
         for fn, args in calls:
             req = _c_void_p()
+            if label is not None:
+                set_label(label)
             st = fn(comm, *args, _byref(req))
             if st < 0:
+                if label is not None:
+                    set_label(None)
                 op.err = _lib.last_error()
                 op.status = st
                 if coll:

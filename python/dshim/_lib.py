@@ -66,6 +66,7 @@ _PROTOS = {
     "dshim_comm_destroy": (_int, [_vp]),
     "dshim_comm_abort": (_int, [_vp, ctypes.c_char_p]),
     "dshim_comm_set_timeout": (_int, [_vp, ctypes.c_double]),
+    "dshim_comm_set_desc": (_int, [_vp, ctypes.c_char_p]),
     "dshim_config_get": (_int, [ctypes.c_char_p, ctypes.c_char_p, _sz]),
     "dshim_comm_rank": (_int, [_vp]),
     "dshim_comm_size": (_int, [_vp]),
@@ -115,6 +116,9 @@ _PROTOS = {
     "dshim_gpu_stage_put": (None, [_vp]),
     "dshim_gpu_copy_async": (_int, [_vp, _vp, _sz, _int, _vp]),
     "dshim_gpu_stream_sync": (_int, [_int, _vp]),
+    # flight recorder: names the framework call behind this thread's next submission (process_group.py
+    # passes pre-encoded bytes; None clears); ~0.15 us a call
+    "dshim_trace_label": (None, [ctypes.c_char_p]),
 }
 
 _lock = threading.Lock()

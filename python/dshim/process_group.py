@@ -24,6 +24,7 @@ need a dtype dshim knows (_dtypes.py).
 import ctypes
 import datetime
 import logging
+import sys
 import threading
 
 import torch
@@ -98,6 +99,92 @@ _PROFILE_TITLES = {
 
 
 # --------------------------------------------------------------------------
+# flight-recorder labels (dshim_trace_label): which torch call an entry came from
+# --------------------------------------------------------------------------
+
+# "torch " + the name torch's own flight recorder gives the operation: ProcessGroupNCCL's
+# profilingTitle without "nccl:" (what torch.distributed.flight_recorder.fr_trace calls the entry's
+# type), e.g. all_gather_into_tensor is "_all_gather_base" there.  Two exceptions, named after torch's
+# Python API: "barrier" (NCCL's "all_reduce_barrier" names its implementation, an all_reduce) and
+# all_gather_coalesced (NCCL has none; gloo's profiler calls it "all_gather").  Pre-encoded: setting
+# one costs a single ctypes call (~0.15 us).
+_LABELS = {name: b"torch " + title.encode() for name, title in {
+    "all_reduce": "all_reduce", "all_reduce_coalesced": "allreduce_coalesced", "broadcast": "broadcast",
+    "reduce": "reduce", "all_gather": "all_gather", "all_gather_coalesced": "all_gather_coalesced",
+    "all_gather_into_tensor": "_all_gather_base",
+    "all_gather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
+    "reduce_scatter": "reduce_scatter", "reduce_scatter_tensor": "_reduce_scatter_base",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced", "all_to_all_single": "all_to_all",
+    "all_to_all": "all_to_all", "gather": "gather", "scatter": "scatter", "barrier": "barrier",
+    "send": "send", "recv": "recv", "recv_anysource": "recv_anysource",
+    "sparse_all_reduce": "all_reduce (sparse)",
+}.items()}
+_L_ALL_REDUCE = _LABELS["all_reduce"]
+_L_SEND, _L_RECV, _L_RECV_ANY = _LABELS["send"], _LABELS["recv"], _LABELS["recv_anysource"]
+_L_DDP_USED_MAP = b"DDP unused-parameter map"
+
+# DDP's gradient all-reduces: "DDP bucket K", K the bucket's index.
+#
+# DDP's reducer calls the group's allreduce from C++ (its default hook, or a built-in C++ comm hook)
+# with the bucket's flat gradient, nothing else: no GradBucket reaches the backend.  The rules:
+#  1. Only inside a backward pass: torch._C._current_graph_task_id() != -1 in this thread (the thread
+#     that runs the autograd hooks: the caller of backward() for CPU tensors, the engine's device
+#     thread for CUDA ones); outside one every all_reduce is "torch all_reduce".
+#  2. A Python comm hook (ddp.register_comm_hook(state, hook), the hooks of
+#     torch.distributed.algorithms.ddp_comm_hooks) calls dist.all_reduce itself: the GradBucket is a
+#     local of a frame above (the hook's `bucket`), found by walking at most _BUCKET_FRAMES frames up:
+#     K = bucket.index(), exact, also when the hook reduces a bucket in several calls.  Calls made
+#     later in a Future's then() callback (PowerSGD's second all_reduce) run outside the hook, in the
+#     thread that completed the Future, outside the backward: "torch all_reduce".
+#  3. Called from C++ (the caller's Python frame, if any, is not torch.distributed's): DDP's reducer.
+#     An int32 tensor is the map of used parameters (find_unused_parameters=True, or static_graph's
+#     first step): "DDP unused-parameter map".  Gradients are floating: the reducer launches its
+#     buckets strictly in index order (Reducer::mark_bucket_ready: bucket i+1 never before bucket i),
+#     one all_reduce each, so K = how many gradient all_reduces this thread issued so far in this
+#     backward (counted per graph task id; a new backward starts again at 0).
+# Limits of rule 3: two DDP models over the same group in one backward count as one sequence; a
+# reentrant backward (torch.utils.checkpoint with use_reentrant=True) runs the hooks of the
+# checkpointed part in an inner graph task, which restarts the count; a user's own group.allreduce
+# made from C++ or directly from a custom backward (not through torch.distributed) is counted as a
+# bucket.  A Python hook frame not found within _BUCKET_FRAMES frames leaves "torch all_reduce".
+# The optimizer step is not seen: nothing of it reaches the backend (the next collectives are those
+# of the next forward, or its backward's bucket 0).
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+_GradBucket = getattr(dist, "GradBucket", None)
+_BUCKET_FRAMES = 8
+_ddp_count = threading.local()   # .task: graph task id of the count, .next: the next bucket index
+
+
+def _ddp_bucket_label(caller, tensors):
+    """The label of an all_reduce issued inside a backward pass (rules above), or None.  caller:
+    the Python frame that called DshimProcessGroup.allreduce (None when C++ called it from a thread
+    with no Python frame)."""
+    if caller is not None and caller.f_globals.get("__name__", "").startswith("torch.distributed."):
+        # through torch.distributed's Python API: DDP's only when a Python comm hook made the call
+        if _GradBucket is None:
+            return None
+        f = caller
+        for _ in range(_BUCKET_FRAMES):
+            f = f.f_back
+            if f is None:
+                return None
+            for v in f.f_locals.values():
+                if isinstance(v, _GradBucket):
+                    return f"DDP bucket {v.index()}".encode()
+        return None
+    if len(tensors) == 1 and tensors[0].dtype == torch.int32:
+        return _L_DDP_USED_MAP
+    task = _graph_task_id()
+    state = _ddp_count
+    if getattr(state, "task", None) != task:
+        state.task = task
+        state.next = 0
+    k = state.next
+    state.next = k + 1
+    return f"DDP bucket {k}".encode()
+
+
+# --------------------------------------------------------------------------
 # the ProcessGroup
 # --------------------------------------------------------------------------
 
@@ -147,12 +234,21 @@ class DshimProcessGroup(dist.ProcessGroup):
     def setGroupName(self, name):
         self._group_name = name
         self._comm.desc = f"group {name} of {self._size}"   # names the group in error messages
+        self._name_ring()
 
     def getGroupDesc(self):
         return self._group_desc
 
     def setGroupDesc(self, desc):
         self._group_desc = desc
+        self._name_ring()
+
+    def _name_ring(self):
+        """Names the group in flight-recorder dumps and the launcher's diagnosis."""
+        text = f"torch group {self._group_name or '?'}"
+        if self._group_desc:
+            text += f" ({self._group_desc})"
+        self._comm.set_trace_desc(text)
 
     # torch asks a group for its per-device backend object in a few places, e.g.
     # init_process_group(device_id=...) checks `pg._get_backend(dev).supports_splitting`.
@@ -175,28 +271,31 @@ class DshimProcessGroup(dist.ProcessGroup):
 
     # -- plumbing ---------------------------------------------------------------
 
-    def _go(self, name, opts, calls, stage, result, sync_ok=True, coll=True, inputs=None):
+    def _go(self, name, opts, calls, stage, result, sync_ok=True, coll=True, inputs=None, label=None):
         """Issues `calls`; a collective runs inside a profiler event named as
         gloo names its own ("gloo:all_reduce" under the takeover of gloo), with
-        `inputs` (default: the tensors of `result`) as the event's inputs."""
+        `inputs` (default: the tensors of `result`) as the event's inputs.
+        `label`: the flight recorder's name of the call (default _LABELS[name])."""
+        if label is None:
+            label = _LABELS.get(name)
         title = _PROFILE_TITLES.get(name)
         if title is None:
-            return self._issue(name, opts, calls, stage, result, sync_ok, coll)
+            return self._issue(name, opts, calls, stage, result, sync_ok, coll, label)
         if inputs is None:
             inputs = [t for t in result if isinstance(t, torch.Tensor)]
         return profiled(f"{self._observed_backend}:{title}", inputs,
-                        lambda: self._issue(name, opts, calls, stage, result, sync_ok, coll))
+                        lambda: self._issue(name, opts, calls, stage, result, sync_ok, coll, label))
 
-    def _issue(self, name, opts, calls, stage, result, sync_ok, coll):
+    def _issue(self, name, opts, calls, stage, result, sync_ok, coll, label):
         # opts.timeout is not read: torch leaves it unset (kUnsetTimeout) on every
         # collective's options -- distributed_c10d.py never sets it, nor does DDP --
         # so the group's timeout applies, which the C core enforces (_comm.py)
         post = stage.post() if stage is not None else None
         comm = self._comm
         if sync_ok and not _is_async(opts):
-            comm.run_sync(name, calls, post, coll)
+            comm.run_sync(name, calls, post, coll, label)
             return DshimWork(None, result)
-        src = comm.run_async(name, calls, result, post, stage.keep if stage is not None else None, coll)
+        src = comm.run_async(name, calls, result, post, stage.keep if stage is not None else None, coll, label)
         return DshimWork(src, result)
 
     def _premul(self, h, factor, dtype):
@@ -221,6 +320,11 @@ class DshimProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         tensors = _as_list(tensors)
+        # in a backward pass: DDP's bucket? (_ddp_bucket_label); outside one this costs ~0.05 us
+        label = _L_ALL_REDUCE
+        if _graph_task_id() != -1:
+            # the caller's frame; None when C++ called from a thread with no Python frame (CUDA autograd)
+            label = _ddp_bucket_label(sys._getframe().f_back, tensors) or _L_ALL_REDUCE
         kind, factor = _reduce_op_of(opts)
         if any(t.layout != torch.strided for t in tensors):
             return self._sparse_allreduce(tensors, kind, factor, opts)
@@ -234,7 +338,7 @@ class DshimProcessGroup(dist.ProcessGroup):
                 calls = ((lib.dshim_allreduce if not _is_async(opts) else lib.dshim_iallreduce,
                           (p, p, t.numel(), dt, op)),)
                 # `tensors` (the Future's value) keeps the tensor alive until completion
-                return self._go("all_reduce", opts, calls, None, tensors)
+                return self._go("all_reduce", opts, calls, None, tensors, label=label)
         stage = _Staging()
         calls = []
         for t in tensors:
@@ -245,20 +349,21 @@ class DshimProcessGroup(dist.ProcessGroup):
             if factor is not None:
                 self._premul(h, factor, t.dtype)
             calls.append((dt, op, h))
-        return self._reduce_calls("all_reduce", opts, calls, stage, tensors)
+        return self._reduce_calls("all_reduce", opts, calls, stage, tensors, label)
 
     def _sparse_allreduce(self, tensors, kind, factor, opts):
         _sparse.check_layouts(tensors)
         _sparse.check_op(kind, factor)
-        _sparse.allreduce(self, tensors, lambda label, calls: self._comm.run_sync(label, calls, None))
+        trace = _LABELS["sparse_all_reduce"]
+        _sparse.allreduce(self, tensors, lambda label, calls: self._comm.run_sync(label, calls, None, label=trace))
         return DshimWork(None, tensors)
 
-    def _reduce_calls(self, name, opts, calls, stage, result):
+    def _reduce_calls(self, name, opts, calls, stage, result, label=None):
         lib = self._dshim_lib
         sync = not _is_async(opts)
         fn = lib.dshim_allreduce if sync else lib.dshim_iallreduce
         c = [(fn, (h.data_ptr(), h.data_ptr(), h.numel(), dt, op)) for dt, op, h in calls]
-        return self._go(name, opts, c, stage, result)
+        return self._go(name, opts, c, stage, result, label=label)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self._reduce_many("all_reduce_coalesced", tensors, opts)
@@ -629,7 +734,7 @@ class DshimProcessGroup(dist.ProcessGroup):
                  for h in map(stage.input, tensors)]
         return profiled(f"{self._observed_backend}:send", tensors,
                         lambda: self._go(f"send to rank {dst}", None, calls, stage, tensors, sync_ok=False,
-                                         coll=False))
+                                         coll=False, label=_L_SEND))
 
     def recv(self, tensors, src, tag=0):
         tensors = _as_list(tensors)
@@ -639,7 +744,7 @@ class DshimProcessGroup(dist.ProcessGroup):
         calls = [(lib.dshim_irecv, (h.data_ptr(), _nbytes(h), D.BYTES, src)) for h in map(stage.output, tensors)]
         work = profiled(f"{self._observed_backend}:recv", tensors,
                         lambda: self._go(f"recv from rank {src}", None, calls, stage, tensors, sync_ok=False,
-                                         coll=False))
+                                         coll=False, label=_L_RECV))
         work._set_source(src)
         return work
 
@@ -657,7 +762,7 @@ class DshimProcessGroup(dist.ProcessGroup):
         calls = [(self._dshim_lib.dshim_irecv_any, (h.data_ptr(), _nbytes(h), D.BYTES, ctypes.byref(source)))]
         work = profiled(f"{self._observed_backend}:recvAnySource", tensors,
                         lambda: self._go("recv from any source", None, calls, stage, tensors, sync_ok=False,
-                                         coll=False))
+                                         coll=False, label=_L_RECV_ANY))
         work._set_source(source)
         return work
 

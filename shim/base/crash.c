@@ -51,6 +51,14 @@ static volatile sig_atomic_t crash_current_sig;
 static pthread_once_t crash_once = PTHREAD_ONCE_INIT;
 static pthread_key_t crash_stack_key;
 static int crash_key_ok;
+static void (*crash_dump_hook)(int sig);
+/* the hook ran (or runs): a crash inside it must not call it again */
+static int crash_hook_ran;
+
+void dshim_crash_set_dump_hook(void (*fn)(int sig))
+{
+    __atomic_store_n(&crash_dump_hook, fn, __ATOMIC_RELEASE);
+}
 
 typedef struct {
     char text[512];
@@ -282,6 +290,12 @@ static void crash_handler(int sig, siginfo_t *info, void *uctx)
     }
     report_header(idx, info);
     report_backtrace(uctx);
+    void (*hook)(int) = __atomic_load_n(&crash_dump_hook, __ATOMIC_ACQUIRE);
+    if (hook && !__atomic_exchange_n(&crash_hook_ran, 1, __ATOMIC_ACQ_REL)) {
+        /* under the same watchdog as the backtrace: a dump that hangs on a
+         * lock the crashed thread held ends in the original signal */
+        hook(sig);
+    }
     if (armed) {
         alarm(0);
         sigaction(SIGALRM, &prev_alrm, NULL);

@@ -11,4 +11,11 @@
  * can still be reported; other threads run the handler on their own stack. */
 void dshim_crash_install(void);
 
+/* A function the handler calls after the backtrace, before the process dies
+ * (the flight recorder's dump: shim/trace registers it, base cannot call
+ * up).  Best effort: it runs in the signal handler of a crashed process, may
+ * use stdio and malloc, and is bounded by the report's watchdog; it is
+ * called at most once per process.  NULL removes it. */
+void dshim_crash_set_dump_hook(void (*fn)(int sig));
+
 #endif

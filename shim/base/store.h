@@ -54,6 +54,14 @@ dshim_status_t dshim_store_add(dshim_store_t *s, const char *key, int64_t delta,
 dshim_status_t dshim_store_set_if_absent(dshim_store_t *s, const char *key, const void *val,
                                          size_t len, int *won_p);
 dshim_status_t dshim_store_delete(dshim_store_t *s, const char *key);
+/* Bounds how long this thread's store calls (all but a waiting get) wait for
+ * the store to begin answering: past within_s (> 0; 0 = no bound) a call
+ * fails with DSHIM_ERR_TIMEOUT and the connection stays usable (the late
+ * reply is dropped by the next call).  For bookkeeping that must not stall
+ * its caller when the store's host is stopped or cut off: arrival marks of
+ * a waiting collective, a failure's report.  Returns the previous value,
+ * to be restored by the caller. */
+double dshim_store_patience(double within_s);
 /* 1 while calls may still reach the store; 0 once the connection was
  * retired (the store left or a reply was lost), so a caller can skip
  * best-effort calls that would only add error lines. */

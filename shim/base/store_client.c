@@ -37,6 +37,10 @@ struct dshim_store {
     int fd;
     int broken;            /* a reply was lost or the store left: no more calls */
     uint32_t seq;
+    /* replies still owed to bounded calls that gave up before the store
+     * answered (dshim_store_set_within): the next call reads and drops
+     * them first, so the stream stays in step and the connection usable */
+    uint32_t owed;
     double op_timeout_s;   /* DSHIM_TIMEOUT, for everything except get */
     char where[300];       /* "host:port" for messages */
     char broken_why[200];
@@ -152,12 +156,60 @@ static dshim_status_t io_failed(dshim_store_t *s, io_result_t r, int err, uint32
                        s->where, s->broken_why, kind_name(kind), key);
 }
 
-/* One request/response exchange.  *val_p (if given) receives a malloc'ed
- * reply value with a NUL after it, so text values work as C strings. */
-static dshim_status_t store_call(dshim_store_t *s, uint32_t kind, const char *key, uint32_t arg,
-                                 const void *val, size_t vlen, double wait_s, uint32_t *status_p,
-                                 void **val_p, size_t *len_p)
+static __thread double thread_patience_s;
+
+double dshim_store_patience(double within_s)
 {
+    double prev = thread_patience_s;
+    thread_patience_s = within_s > 0 ? within_s : 0;
+    return prev;
+}
+
+/* Reads and drops the replies owed to earlier bounded calls, up to the one
+ * numbered `seq`, whose header is left in rep.  Replies come in request
+ * order, so anything else means the stream is out of step. */
+static io_result_t read_own_reply(dshim_store_t *s, uint32_t seq, uint8_t *rep, double deadline, int *err,
+                                  int *garbled)
+{
+    for (;;) {
+        io_result_t r = io_recv(s->fd, rep, DSHIM_STORE_REPLY_HDR, deadline, err);
+        if (r != IO_OK) {
+            return r;
+        }
+        uint32_t got = dshim_store_get_u32(rep + 4);
+        if (got == seq) {
+            return IO_OK;
+        }
+        uint64_t rlen = dshim_store_get_u64(rep + 8);
+        if (s->owed == 0 || got != seq - s->owed || rlen > DSHIM_STORE_VALUE_MAX) {
+            *garbled = 1;
+            return IO_OK;
+        }
+        uint8_t sink[512];
+        while (rlen > 0 && r == IO_OK) {
+            size_t n = rlen < sizeof(sink) ? (size_t)rlen : sizeof(sink);
+            r = io_recv(s->fd, sink, n, deadline, err);
+            rlen -= n;
+        }
+        if (r != IO_OK) {
+            return r;
+        }
+        s->owed--;
+    }
+}
+
+/* One request/response exchange.  *val_p (if given) receives a malloc'ed
+ * reply value with a NUL after it, so text values work as C strings.
+ * This thread's patience (dshim_store_patience; never for a waiting GET,
+ * whose answer comes when the key does) bounds the wait for the first byte
+ * of the reply: when the store has not begun to answer by then, the call
+ * fails with DSHIM_ERR_TIMEOUT but the connection stays usable (the reply is
+ * owed and dropped by a later call); wait_s still bounds the rest. */
+static dshim_status_t store_call(dshim_store_t *s, uint32_t kind, const char *key, uint32_t arg,
+                                 const void *val, size_t vlen, double wait_s, uint32_t *status_p, void **val_p,
+                                 size_t *len_p)
+{
+    double soft_s = kind == DSHIM_STORE_REQ_GET ? 0 : thread_patience_s;
     size_t klen = strlen(key);
     if (klen == 0 || klen > DSHIM_STORE_KEY_MAX) {
         return dshim_error(DSHIM_ERR_INVALID, "store key of %zu bytes: keys must be 1 to %u bytes", klen,
@@ -196,8 +248,22 @@ static dshim_status_t store_call(dshim_store_t *s, uint32_t kind, const char *ke
     if (r == IO_OK && vlen) {
         r = io_send(s->fd, val, vlen, 0, deadline, &err);
     }
+    if (r == IO_OK && soft_s > 0) {
+        /* nothing of the reply read yet: giving up here keeps the stream in step */
+        double soft_deadline = dshim_store_now() + soft_s;
+        r = io_wait(s->fd, POLLIN, soft_deadline < deadline ? soft_deadline : deadline, &err);
+        if (r == IO_TIMEOUT) {
+            s->owed++;
+            /* quiet: the caller chose to give up early and says what it means */
+            st = dshim_error_quiet(DSHIM_ERR_TIMEOUT, "the rendezvous store at %s did not answer %s of key '%.200s' "
+                             "within %.1f s; the process hosting it (rank 0 or the launcher) may be stopped or "
+                             "overloaded", s->where, kind_name(kind), key, soft_s);
+            goto out;
+        }
+    }
+    int garbled = 0;
     if (r == IO_OK) {
-        r = io_recv(s->fd, rep, sizeof(rep), deadline, &err);
+        r = read_own_reply(s, seq, rep, deadline, &err, &garbled);
     }
     if (r != IO_OK) {
         st = io_failed(s, r, err, kind, key, wait_s);
@@ -205,7 +271,7 @@ static dshim_status_t store_call(dshim_store_t *s, uint32_t kind, const char *ke
     }
     uint32_t status = dshim_store_get_u32(rep);
     uint64_t rlen = dshim_store_get_u64(rep + 8);
-    if (dshim_store_get_u32(rep + 4) != seq || rlen > DSHIM_STORE_VALUE_MAX) {
+    if (garbled || dshim_store_get_u32(rep + 4) != seq || rlen > DSHIM_STORE_VALUE_MAX) {
         s->broken = 1;
         snprintf(s->broken_why, sizeof(s->broken_why), "garbled reply");
         st = dshim_error(DSHIM_ERR_PROTOCOL,
@@ -228,6 +294,7 @@ static dshim_status_t store_call(dshim_store_t *s, uint32_t kind, const char *ke
         goto out;
     }
     buf[rlen] = 0;
+    s->owed = 0; /* every earlier reply came before this one */
     *status_p = status;
     if (val_p) {
         *val_p = buf;

@@ -23,6 +23,36 @@ dshim_status_t dshim_allreduce_rd(dshim_comm_t *comm, const dshim_coll_sig_t *si
 dshim_status_t dshim_allreduce_ring(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf, void *rbuf,
                                     size_t count);
 
+/* Which allreduce algorithm runs a request: decided here once, for
+ * dshim_algo_allreduce and for the flight recorder's entry. */
+typedef enum { DSHIM_AR_NONE = 0, DSHIM_AR_HIER, DSHIM_AR_RD, DSHIM_AR_RING } dshim_ar_choice_t;
+static inline dshim_ar_choice_t dshim_allreduce_choice(const dshim_comm_t *comm, const dshim_request_t *req)
+{
+    size_t bytes = req->count * dshim_dtype_size(req->dtype);
+    if (req->count == 0 || comm->size == 1) {
+        return DSHIM_AR_NONE;
+    }
+    if (comm->local &&
+        (comm->algo == DSHIM_ALGO_HIER || (comm->algo == DSHIM_ALGO_AUTO && bytes > comm->small_msg_bytes))) {
+        return DSHIM_AR_HIER;
+    }
+    if (comm->algo == DSHIM_ALGO_RD ||
+        (comm->algo == DSHIM_ALGO_AUTO && (bytes <= comm->small_msg_bytes || req->count < (size_t)comm->size))) {
+        return DSHIM_AR_RD;
+    }
+    return DSHIM_AR_RING;
+}
+
+/* Broadcast: a binomial tree for small messages, else a pipelined chain. */
+static inline int dshim_bcast_uses_tree(const dshim_comm_t *comm, size_t bytes)
+{
+    return bytes <= comm->small_msg_bytes;
+}
+
+/* The algorithm's name for the flight recorder (static; NULL for
+ * point-to-point and internal requests). */
+const char *dshim_algo_name(const dshim_comm_t *comm, const dshim_request_t *req);
+
 /* Balanced partition of count elements into n parts: part i. */
 static inline void dshim_part(size_t count, int n, int i, size_t *off, size_t *len)
 {

@@ -128,7 +128,18 @@ static dshim_status_t sub_step(dshim_comm_t *parent, dshim_comm_t *sub, dshim_ex
     r.sig.root = kind == DSHIM_COLL_ALLREDUCE ? -1 : 0;
     r.sig.count = count;
     r.sig.seq = sub->next_seq++;
+    if (sub->trace) {
+        /* the sub-communicator's own ring: its dump shows which host step
+         * (reduce inside the host, allreduce between hosts, broadcast) waits */
+        r.comm = sub;
+        dshim_trace_op_t top;
+        dshim_engine_trace_op(&r, &top);
+        r.trace_id = dshim_trace_queued(sub->trace, &top);
+        sub->trace_op = r.trace_id;
+        dshim_trace_started(sub->trace, r.trace_id, r.sig.seq, dshim_algo_name(sub, &r), sub->transport_desc);
+    }
     dshim_status_t st = fn(sub, &r);
+    dshim_trace_done(sub->trace, r.trace_id, st == DSHIM_OK);
     if (st != DSHIM_OK) {
         char msg[768];
         snprintf(msg, sizeof(msg), "%s", dshim_last_error());
@@ -159,25 +170,21 @@ dshim_status_t dshim_algo_allreduce(dshim_comm_t *comm, dshim_request_t *req)
 {
     size_t es = dshim_dtype_size(req->dtype);
     size_t bytes = req->count * es;
-    if (req->count == 0) {
-        return DSHIM_OK;
-    }
-    if (comm->size == 1) {
-        if (req->sbuf != req->rbuf) {
+    switch (dshim_allreduce_choice(comm, req)) {
+    case DSHIM_AR_NONE:
+        if (req->count && req->sbuf != req->rbuf) {
             memcpy(req->rbuf, req->sbuf, bytes);
         }
         return DSHIM_OK;
-    }
-    if (comm->local && (comm->algo == DSHIM_ALGO_HIER || (comm->algo == DSHIM_ALGO_AUTO && bytes > comm->small_msg_bytes))) {
+    case DSHIM_AR_HIER:
         return allreduce_hier(comm, req);
-    }
-    int use_rd = comm->algo == DSHIM_ALGO_RD ||
-                 (comm->algo == DSHIM_ALGO_AUTO && (bytes <= comm->small_msg_bytes || req->count < (size_t)comm->size));
-    if (use_rd) {
+    case DSHIM_AR_RD:
         if (req->sbuf != req->rbuf) {
             memcpy(req->rbuf, req->sbuf, bytes);
         }
         return dshim_allreduce_rd(comm, &req->sig, req->rbuf, req->count);
+    case DSHIM_AR_RING:
+        break;
     }
     return dshim_allreduce_ring(comm, &req->sig, req->sbuf, req->rbuf, req->count);
 }

@@ -541,3 +541,39 @@ DSHIM_EXPORT dshim_status_t dshim_ibarrier(dshim_comm_t *c, dshim_request_t **q)
     }
     return barrier_(c, q);
 }
+
+const char *dshim_algo_name(const dshim_comm_t *comm, const dshim_request_t *req)
+{
+    size_t bytes = req->count * dshim_dtype_size(req->dtype);
+    switch (req->sig.coll) {
+    case DSHIM_COLL_ALLREDUCE:
+        switch (dshim_allreduce_choice(comm, req)) {
+        case DSHIM_AR_NONE:
+            return "local";
+        case DSHIM_AR_HIER:
+            return "hier";
+        case DSHIM_AR_RD:
+            return "rd";
+        case DSHIM_AR_RING:
+            return "ring";
+        }
+        return NULL;
+    case DSHIM_COLL_BROADCAST:
+        return dshim_bcast_uses_tree(comm, bytes) ? "tree" : "chain";
+    case DSHIM_COLL_REDUCE:
+        return "chain";
+    case DSHIM_COLL_ALLGATHER:
+    case DSHIM_COLL_ALLGATHERV:
+    case DSHIM_COLL_REDUCE_SCATTER:
+    case DSHIM_COLL_REDUCE_SCATTERV:
+        return "ring";
+    case DSHIM_COLL_ALLTOALL:
+    case DSHIM_COLL_ALLTOALLV:
+    case DSHIM_COLL_GATHER:
+    case DSHIM_COLL_SCATTER:
+        return "direct";
+    case DSHIM_COLL_BARRIER:
+        return "rd";
+    }
+    return NULL;
+}

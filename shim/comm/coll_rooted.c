@@ -62,7 +62,7 @@ dshim_status_t dshim_algo_broadcast(dshim_comm_t *comm, dshim_request_t *req)
     if (comm->size == 1 || bytes == 0) {
         return DSHIM_OK;
     }
-    if (bytes <= comm->small_msg_bytes) {
+    if (dshim_bcast_uses_tree(comm, bytes)) {
         return bcast_tree(comm, &req->sig, req->rbuf, bytes, req->root);
     }
     return bcast_chain(comm, &req->sig, req->rbuf, bytes, req->root);

@@ -30,6 +30,15 @@ static dshim_status_t check_args(const dshim_comm_args_t *a)
     return DSHIM_OK;
 }
 
+/* How long a failing rank waits for the store to take or give the failure's
+ * report: a quarter of the timeout, at most 1 s (the store answers in
+ * microseconds unless its host is stopped or cut off). */
+static double failure_report_patience(const dshim_comm_t *comm)
+{
+    double q = comm->timeout_s / 4;
+    return q < 1.0 ? q : 1.0;
+}
+
 /* The store this process hosts, if any.  When a job fails, the other ranks
  * read the first failure's description from the store; if this process
  * exits right after its own error the store would vanish with it, so at exit
@@ -247,6 +256,8 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim
         goto err_store;
     }
     dshim_engine_init(*comm_p);
+    /* before the hierarchy: the parent's ring opens first and leads dumps */
+    dshim_comm_trace_open(*comm_p, "");
     st = dshim_topo_setup(*comm_p);
     if (st != DSHIM_OK) {
         dshim_comm_destroy(*comm_p);
@@ -293,7 +304,49 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init_env(dshim_comm_t **comm_p)
 static void comm_free(dshim_comm_t *comm)
 {
     dshim_topo_destroy(comm);
+    /* before the release: entries point to comm->transport_desc */
+    dshim_trace_close(comm->trace);
+    comm->trace = NULL;
     dshim_comm_release(comm);
+}
+
+void dshim_comm_trace_open(dshim_comm_t *comm, const char *desc)
+{
+    /* the store prefix alone repeats: torch makes every group with
+     * dshim_comm_init ("c0/"), each over a store of its own; the store's
+     * address is the same on every member and differs between groups */
+    char name[sizeof(comm->prefix) + sizeof(comm->store->addr) + 16]; /* the ring keeps 95 bytes */
+    snprintf(name, sizeof(name), "%s@%s:%d", comm->prefix, comm->store->addr, comm->store->port);
+    dshim_trace_ring_info_t info = {.name = name, .desc = desc, .rank = comm->rank, .size = comm->size};
+    comm->trace = dshim_trace_open(&info);
+}
+
+/* Names the communicator in flight-recorder dumps ("torch group 1
+ * (pg_name)", "ncclComm 0x..."): the frameworks know what a group is for. */
+DSHIM_EXPORT dshim_status_t dshim_comm_set_desc(dshim_comm_t *comm, const char *desc)
+{
+    if (!comm) {
+        return dshim_error(DSHIM_ERR_INVALID, "dshim_comm_set_desc: comm is NULL");
+    }
+    dshim_trace_set_desc(comm->trace, desc);
+    return DSHIM_OK;
+}
+
+/* The dump reason of a failure status (trace.h's words). */
+static const char *trace_reason(dshim_status_t st)
+{
+    switch (st) {
+    case DSHIM_ERR_TIMEOUT:
+        return "timeout";
+    case DSHIM_ERR_PEER:
+        return "peer";
+    case DSHIM_ERR_MISMATCH:
+        return "mismatch";
+    case DSHIM_ERR_ABORTED:
+        return "abort";
+    default:
+        return "failed";
+    }
 }
 
 /* getpid() is a system call; the hot path compares against a copy that a
@@ -349,8 +402,12 @@ DSHIM_EXPORT dshim_status_t dshim_comm_destroy(dshim_comm_t *comm)
                 s.bytes_received / 1e6);
     }
     if (is_root_comm && comm->store->store) {
+        /* after a failure the store's host may be the rank that stopped:
+         * the goodbye is a courtesy then, not worth a timeout's wait */
+        double patience = dshim_store_patience(st != DSHIM_OK ? failure_report_patience(comm) : 0);
         int64_t v;
         dshim_store_add(comm->store->store, "bye", 1, &v);
+        dshim_store_patience(patience);
     }
     dshim_store_ref_t *ref = comm->store;
     comm_free(comm);
@@ -375,7 +432,10 @@ dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char
         void *val = NULL;
         size_t len = 0;
         snprintf(key, sizeof(key), "%sabort", comm->prefix);
-        if (dshim_store_try_get(comm->store->store, key, &val, &len) == DSHIM_OK) {
+        double patience = dshim_store_patience(failure_report_patience(comm));
+        dshim_status_t got = dshim_store_try_get(comm->store->store, key, &val, &len);
+        dshim_store_patience(patience);
+        if (got == DSHIM_OK) {
             size_t o = strlen(full);
             snprintf(full + o, sizeof(full) - o, "; first failure in this job: %.*s", (int)len, (char *)val);
             free(val);
@@ -387,18 +447,31 @@ dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char
     pthread_mutex_unlock(&comm->lock);
     DSHIM_WARN("%s", full);
     if (comm->store->store) {
+        /* best effort, bounded: when the store's host is the rank that
+         * stopped or was cut off, waiting for it would hold back the
+         * shutdowns below that tell every peer now */
+        double patience = dshim_store_patience(failure_report_patience(comm));
         char key[160];
         int won = 0;
         snprintf(key, sizeof(key), "%sabort", comm->prefix);
-        dshim_store_set_if_absent(comm->store->store, key, msg, strlen(msg), &won);
-        int64_t seen;
-        dshim_store_add(comm->store->store, "failseen", 1, &seen);
+        if (dshim_store_set_if_absent(comm->store->store, key, msg, strlen(msg), &won) == DSHIM_OK) {
+            int64_t seen;
+            dshim_store_add(comm->store->store, "failseen", 1, &seen);
+        }
+        dshim_store_patience(patience);
     }
     /* make every peer notice now rather than at its own timeout */
     for (int r = 0; r < comm->size; r++) {
         if (comm->conns[r]) {
             shutdown(comm->conns[r]->fd, SHUT_RDWR);
         }
+    }
+    /* after the peers were told (a dump takes milliseconds); the failed
+     * operation is still "waiting" in the ring: its executor marks it
+     * failed only after this returns.  The first failure of the process
+     * writes the dump; later ones within a second are its echoes. */
+    if (comm->trace) {
+        dshim_trace_dump_all(trace_reason(st), full);
     }
     dshim_error_set_raw(full);
     return st;
@@ -527,6 +600,9 @@ dshim_status_t dshim_comm_create_child(dshim_comm_t *comm, const char *suffix, i
         return st;
     }
     dshim_engine_init(*child_p);
+    char desc[160];
+    snprintf(desc, sizeof(desc), "sub-communicator %s of %s", suffix, comm->prefix);
+    dshim_comm_trace_open(*child_p, desc);
     return DSHIM_OK;
 }
 
@@ -570,6 +646,9 @@ DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int 
     char suffix[48];
     snprintf(suffix, sizeof(suffix), "s%" PRIu64 "c%d/", split_id, color);
     DSHIM_CHECK(dshim_comm_create_child(comm, suffix, newrank, newsize, newcomm_p));
+    char desc[160];
+    snprintf(desc, sizeof(desc), "split of %s (color %d)", comm->prefix, color);
+    dshim_trace_set_desc((*newcomm_p)->trace, desc);
     st = dshim_topo_setup(*newcomm_p);
     if (st != DSHIM_OK) {
         dshim_comm_destroy(*newcomm_p);

@@ -10,6 +10,7 @@
 #include "dshim.h"
 #include "reduce/reduce.h"
 #include "store.h"
+#include "trace.h"
 #include "transport/transport.h"
 
 /* What every rank publishes about itself in the store. */
@@ -114,6 +115,10 @@ struct dshim_comm {
 
     dshim_stats_t stats;
 
+    /* flight recorder (shim/trace): this communicator's ring, NULL when off */
+    dshim_trace_ring_t *trace;
+    uint64_t trace_op;             /* the collective being executed (executor only) */
+
     /* hierarchy (only when ranks span several hosts and some host has
      * several): the ranks of my host, and the first rank of every host */
     struct dshim_comm *local;      /* NULL when there is no hierarchy */
@@ -138,6 +143,9 @@ dshim_status_t dshim_comm_create_child(dshim_comm_t *comm, const char *suffix, i
 /* Builds comm->local / comm->leaders when ranks span hosts (shim/comm/topo.c). */
 dshim_status_t dshim_topo_setup(dshim_comm_t *comm);
 void dshim_topo_destroy(dshim_comm_t *comm);
+/* Opens comm's flight-recorder ring (comm->trace stays NULL when the
+ * recorder is off); closed by dshim_comm_destroy. */
+void dshim_comm_trace_open(dshim_comm_t *comm, const char *desc);
 /* "rank 3 (host h, pid p)" */
 void dshim_comm_describe_peer(const dshim_comm_t *comm, int peer, char *out, size_t len);
 

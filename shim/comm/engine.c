@@ -5,6 +5,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "coll.h"
 #include "config.h"
 #include "engine.h"
 #include "net.h"
@@ -36,6 +37,39 @@ void dshim_engine_init(dshim_comm_t *comm)
     }
 }
 
+void dshim_engine_trace_op(const dshim_request_t *req, dshim_trace_op_t *op)
+{
+    int coll = req->sig.coll;
+    size_t esize = dshim_dtype_size(req->dtype);
+    op->op = coll != DSHIM_COLL_P2P ? dshim_coll_name(coll) : req->sending ? "send" : "recv";
+    op->dtype = (int)req->dtype;
+    op->redop = coll == DSHIM_COLL_ALLREDUCE || coll == DSHIM_COLL_REDUCE || coll == DSHIM_COLL_REDUCE_SCATTER ||
+                        coll == DSHIM_COLL_REDUCE_SCATTERV
+                    ? (int)req->op
+                    : -1;
+    op->count = req->count;
+    op->bytes = (uint64_t)req->count * esize;
+    op->root = coll == DSHIM_COLL_BROADCAST || coll == DSHIM_COLL_REDUCE || coll == DSHIM_COLL_GATHER ||
+                       coll == DSHIM_COLL_SCATTER
+                   ? req->root
+                   : -1;
+    op->peer = coll == DSHIM_COLL_P2P ? req->root : -1;
+    if (coll == DSHIM_COLL_ALLTOALLV && req->scounts && req->comm) {
+        /* count 0 in its signature: what this rank sends */
+        uint64_t total = 0;
+        for (int r = 0; r < req->comm->size; r++) {
+            total += req->scounts[r];
+        }
+        op->count = total;
+        op->bytes = total * esize;
+    } else if (coll == DSHIM_COLL_BARRIER) {
+        op->dtype = -1;
+        op->redop = -1;
+        op->count = 0;
+        op->bytes = 0;
+    }
+}
+
 #define P2P_BATCH_CAP 256
 
 typedef struct p2p_batch {
@@ -62,6 +96,10 @@ static int take_p2p(dshim_comm_t *comm, dshim_xfer_op_t *ops, int *n_p, int cap)
              * learns its peer only then */
             *op = dshim_xf_recv(req->root, req->rbuf, bytes);
         }
+        if (comm->trace) {
+            dshim_trace_started(comm->trace, req->trace_id, req->sending ? req->sig.seq : UINT64_MAX, NULL,
+                                comm->transport_desc);
+        }
         op->sig = &req->sig;
         op->user = req;
         (*n_p)++;
@@ -81,6 +119,8 @@ static int absorb_p2p(dshim_comm_t *comm, dshim_xfer_op_t *ops, int *n_p, int ca
 
 static void finish_req(dshim_comm_t *comm, dshim_request_t *req, dshim_status_t st)
 {
+    /* before `done`: the owner may free the request from then on */
+    dshim_trace_done(comm->trace, req->trace_id, st == DSHIM_OK);
     req->status = st;
     __atomic_store_n(&req->done, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&comm->cond);
@@ -95,6 +135,7 @@ static void p2p_start(dshim_comm_t *comm, dshim_xfer_op_t *op, void *ctx)
     dshim_request_t *req = op->user;
     req->sig.seq = comm->p2p_rx[op->peer]++;
     req->source = op->peer;
+    dshim_trace_started(comm->trace, req->trace_id, req->sig.seq, NULL, NULL);
     if (req->source_p) {
         *req->source_p = op->peer;
     }
@@ -169,11 +210,28 @@ static void run_head(dshim_comm_t *comm)
     dshim_status_t st;
     if (__atomic_load_n(&comm->error, __ATOMIC_ACQUIRE) != DSHIM_OK) {
         st = comm->error;
+        if (req->trace_begin) {
+            dshim_trace_op_t top;
+            dshim_engine_trace_op(req, &top);
+            req->trace_id = dshim_trace_begin(comm->trace, &top, UINT64_MAX, NULL, comm->transport_desc);
+        }
     } else {
         /* collectives are numbered in execution (= issue) order; point-to-point
          * messages are numbered per peer, because ranks not involved in them
          * do not count them */
         req->sig.seq = comm->next_seq++;
+        if (comm->trace) {
+            const char *algo = dshim_algo_name(comm, req);
+            if (req->trace_begin) {
+                /* its submitter runs it now: one record for both */
+                dshim_trace_op_t top;
+                dshim_engine_trace_op(req, &top);
+                req->trace_id = dshim_trace_begin(comm->trace, &top, req->sig.seq, algo, comm->transport_desc);
+            } else {
+                dshim_trace_started(comm->trace, req->trace_id, req->sig.seq, algo, comm->transport_desc);
+            }
+            comm->trace_op = req->trace_id;
+        }
         st = req->fn(comm, req);
         __atomic_add_fetch(&comm->stats.collectives, 1, __ATOMIC_RELAXED);
     }
@@ -244,10 +302,23 @@ dshim_status_t dshim_engine_submit(dshim_comm_t *comm, dshim_request_t *req, int
     req->comm = comm;
     req->done = 0;
     req->next = NULL;
+    req->trace_begin = 0;
     pthread_mutex_lock(&comm->lock);
     if (comm->stop) {
         pthread_mutex_unlock(&comm->lock);
         return dshim_error(DSHIM_ERR_INVALID, "communicator is being destroyed");
+    }
+    if (comm->trace) {
+        if (blocking && !comm->busy && !comm->q_head && req->sig.coll != DSHIM_COLL_P2P) {
+            /* wait_locked runs it at once in this thread (the lock is not
+             * let go before): recorded there, queued and started together */
+            req->trace_begin = 1;
+        } else {
+            /* under the lock: entries are numbered in issue order */
+            dshim_trace_op_t top;
+            dshim_engine_trace_op(req, &top);
+            req->trace_id = dshim_trace_queued(comm->trace, &top);
+        }
     }
     if (comm->q_tail) {
         comm->q_tail->next = req;

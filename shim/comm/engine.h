@@ -30,6 +30,8 @@ struct dshim_request {
     const size_t *scounts, *sdispls, *rcounts, *rdispls; /* alltoallv */
     size_t *owned;
     int heap;
+    uint64_t trace_id; /* its flight-recorder entry (comm->trace) */
+    int trace_begin;   /* recorded when it runs (dshim_trace_begin): submitted to an idle engine, blocking */
     int done;
     dshim_status_t status;
     dshim_request_t *next;
@@ -42,5 +44,7 @@ dshim_status_t dshim_engine_submit(dshim_comm_t *comm, dshim_request_t *req, int
 /* Drains the queue and stops the progress thread. */
 void dshim_engine_shutdown(dshim_comm_t *comm);
 void dshim_engine_wake(dshim_comm_t *comm);
+/* What the flight recorder keeps of a request (its op, dtype, count, ...). */
+void dshim_engine_trace_op(const dshim_request_t *req, dshim_trace_op_t *op);
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "engine.h"
 #include "net.h"
 #include "status.h"
 #include "xfer.h"
@@ -478,32 +479,144 @@ static void waiting_on(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, char *ou
     }
 }
 
-/* Announces in the store that this rank reached collective `seq` and is
- * waiting; used to name the ranks that never arrived when a timeout fires. */
-static void announce_arrival(dshim_comm_t *comm, uint64_t seq)
+/* ---- flight recorder: whom a sleeping step waits for ---------------------- */
+
+static void add_rank(int *ranks, int *n, int r)
 {
-    char key[160];
-    snprintf(key, sizeof(key), "%sarrive/%" PRIu64 "/%d", comm->prefix, seq, comm->rank);
-    dshim_store_set(comm->store->store, key, "1", 1);
+    for (int i = 0; i < *n; i++) {
+        if (ranks[i] == r) {
+            return;
+        }
+    }
+    if (*n < DSHIM_TRACE_WAIT_MAX) {
+        ranks[(*n)++] = r;
+    }
 }
 
-static void missing_ranks(dshim_comm_t *comm, uint64_t seq, char *out, size_t len)
+/* The ranks ops[a] waits for: its peer, or for a receive from any source
+ * not bound yet, the candidates that have sent it nothing (silent_ranks). */
+static void op_waits_for(dshim_comm_t *comm, const dshim_xfer_op_t *ops, int a, int *ranks, int *n)
+{
+    if (!unbound(&ops[a])) {
+        add_rank(ranks, n, ops[a].peer);
+        return;
+    }
+    for (int p = 0; p < comm->size && *n < DSHIM_TRACE_WAIT_MAX; p++) {
+        int front = FRONT_EMPTY;
+        if (!candidate(comm, ops, a, p) || (stream_front(comm, p, &front) == DSHIM_OK && front == FRONT_P2P)) {
+            continue;
+        }
+        add_rank(ranks, n, p);
+    }
+}
+
+/* Nothing moved and the step goes to sleep: its entries become "waiting",
+ * naming the ranks.  A collective: one entry (comm->trace_op), the peers of
+ * the ops that could move but do not (not those held back by their own
+ * dependency).  A point-to-point batch: an entry per request, its peer. */
+static void trace_wait(dshim_comm_t *comm, int p2p, dshim_xfer_op_t *ops, int n)
+{
+    int ranks[DSHIM_TRACE_WAIT_MAX];
+    int k = 0;
+    if (!p2p) {
+        for (int i = 0; i < n; i++) {
+            dshim_xfer_op_t *op = &ops[i];
+            if (op_active(op) && op->phase == PH_BODY && op->done < op->len && op->done >= limit_of(op)) {
+                continue;
+            }
+            if (next_to_bind(op) || op_active(op)) {
+                op_waits_for(comm, ops, i, ranks, &k);
+            }
+        }
+        dshim_trace_waiting(comm->trace, comm->trace_op, ranks, k);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        /* a reported request may be freed already by its owner */
+        if (ops[i].phase == PH_DONE || ops[i].reported || !ops[i].user) {
+            continue;
+        }
+        k = 0;
+        op_waits_for(comm, ops, i, ranks, &k);
+        dshim_trace_waiting(comm->trace, ((dshim_request_t *)ops[i].user)->trace_id, ranks, k);
+    }
+}
+
+/* Data moves again after trace_wait. */
+static void trace_moving(dshim_comm_t *comm, int p2p, dshim_xfer_op_t *ops, int n)
+{
+    if (!p2p) {
+        dshim_trace_moving(comm->trace, comm->trace_op);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!ops[i].reported && ops[i].user) {
+            dshim_trace_moving(comm->trace, ((dshim_request_t *)ops[i].user)->trace_id);
+        }
+    }
+}
+
+/* Store calls made while a collective waits are bookkeeping: they give up
+ * after this long (at most a quarter of the timeout) so that a stopped or
+ * cut-off store host (rank 0, or the launcher) cannot stretch the wait past
+ * the communicator's timeout or hold back its stall warnings. */
+static double store_peek_s(const dshim_comm_t *comm)
+{
+    double q = comm->timeout_s / 4;
+    return q < 0.5 ? q : 0.5;
+}
+
+/* Announces in the store that this rank reached collective `seq` and is
+ * waiting there: `<prefix>at/<rank>` = the latest such seq.  One key per rank
+ * (not per collective), and a rank that already finished `seq` and waits in
+ * a later one still counts as arrived.  Best effort: an unanswered store
+ * only leaves the mark unset (missing_ranks then says the store is silent). */
+static void announce_arrival(dshim_comm_t *comm, uint64_t seq, int *store_silent)
+{
+    char key[160], val[24];
+    snprintf(key, sizeof(key), "%sat/%d", comm->prefix, comm->rank);
+    int n = snprintf(val, sizeof(val), "%" PRIu64, seq);
+    double patience = dshim_store_patience(store_peek_s(comm));
+    if (dshim_store_set(comm->store->store, key, val, (size_t)n) != DSHIM_OK) {
+        *store_silent = 1;
+    }
+    dshim_store_patience(patience);
+}
+
+/* The ranks whose arrival mark is below `seq`, as text; when the store does
+ * not answer (now, or earlier in this wait: *store_silent), says so instead
+ * of naming ranks it could not ask about. */
+static void missing_ranks(dshim_comm_t *comm, uint64_t seq, char *out, size_t len, int *store_silent)
 {
     size_t o = 0;
     out[0] = 0;
-    for (int r = 0; r < comm->size && o + 16 < len; r++) {
+    double patience = dshim_store_patience(store_peek_s(comm));
+    for (int r = 0; r < comm->size && o + 16 < len && !*store_silent; r++) {
         if (r == comm->rank) {
             continue;
         }
         char key[160];
         void *val = NULL;
         size_t vl = 0;
-        snprintf(key, sizeof(key), "%sarrive/%" PRIu64 "/%d", comm->prefix, seq, r);
-        if (dshim_store_try_get(comm->store->store, key, &val, &vl) == DSHIM_OK) {
+        snprintf(key, sizeof(key), "%sat/%d", comm->prefix, r);
+        dshim_status_t st = dshim_store_try_get(comm->store->store, key, &val, &vl);
+        if (st == DSHIM_OK) {
+            uint64_t at = strtoull(val, NULL, 10);
             free(val);
-            continue;
+            if (at >= seq) {
+                continue;
+            }
+        } else if (st != DSHIM_INPROGRESS) {
+            *store_silent = 1;
+            break;
         }
         o += (size_t)snprintf(out + o, len - o, "%s%d", o ? ", " : "", r);
+    }
+    dshim_store_patience(patience);
+    if (*store_silent) {
+        /* no ';' in it: the torch plugin cuts the list at the next one */
+        snprintf(out, len, "unknown (the rendezvous store at %s:%d did not answer: its host, rank 0 or the "
+                 "launcher, may be stopped, cut off or gone)", comm->store->addr, comm->store->port);
     }
 }
 
@@ -654,9 +767,10 @@ static dshim_status_t step_all(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
 
 /* Nothing moved for the communicator's timeout: fails the step, naming what
  * it waited for and (collectives) the ranks that never arrived. */
-static dshim_status_t fail_timeout(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n)
+static dshim_status_t fail_timeout(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
+                                   int *store_silent)
 {
-    char who[768], missing[256];
+    char who[768], missing[384];
     waiting_on(comm, ops, n, who, sizeof(who));
     if (sig->coll == DSHIM_COLL_P2P) {
         /* point-to-point messages are numbered per peer: no arrival
@@ -665,7 +779,7 @@ static dshim_status_t fail_timeout(dshim_comm_t *comm, const dshim_coll_sig_t *s
                           comm->timeout_s, who);
         return fail_step(comm, sig, DSHIM_ERR_TIMEOUT);
     }
-    missing_ranks(comm, sig->seq, missing, sizeof(missing));
+    missing_ranks(comm, sig->seq, missing, sizeof(missing), store_silent);
     dshim_error_quiet(DSHIM_ERR_TIMEOUT,
                       "did not complete within %g s " TIMEOUT_WHY " while %s; ranks that did not arrive "
                       "at this collective: %s",
@@ -676,12 +790,13 @@ static dshim_status_t fail_timeout(dshim_comm_t *comm, const dshim_coll_sig_t *s
 /* Nothing moved for `waited` seconds, less than the timeout: a warning naming
  * the operation and whom it waits for, so that a long timeout (torch's 30 min)
  * is never a silent hang.  Not an error: the operation goes on waiting. */
-static void warn_stall(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n, double waited)
+static void warn_stall(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n, double waited,
+                       int *store_silent)
 {
-    char who[768], missing[256] = "";
+    char who[768], missing[384] = "";
     waiting_on(comm, ops, n, who, sizeof(who));
     if (sig->coll != DSHIM_COLL_P2P) {
-        missing_ranks(comm, sig->seq, missing, sizeof(missing));
+        missing_ranks(comm, sig->seq, missing, sizeof(missing), store_silent);
     }
     DSHIM_WARN("rank %d (host %s): %s #%" PRIu64 " has made no progress for %.0f s while %s%s%s; it fails after "
                "%g s without progress (the communicator's timeout; DSHIM_STALL_WARN sets how often this is said)",
@@ -728,11 +843,25 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
     DSHIM_CHECK(check_peers(comm, sig, ops, 0, n));
     double start = dshim_now(), last_progress = start;
     int announced = 0;
+    int store_silent = 0; /* the store gave up on once in this wait: not asked again */
     const double stall_s = dshim_config()->stall_warn_s;
     double warn_after = stall_s;
     double spin_s = (double)comm->spin_us * 1e-6;
     unsigned idle_loops = 0;
     int next_source = (comm->rank + 1) % comm->size;
+    /* the recorder's entries were marked waiting (once per idle spell; again
+     * when a batch grew meanwhile).  p2p: read now, a batch's sig is its first
+     * request's, which its owner may free once it is reported done */
+    int trace_waiting = 0, trace_remark = 0;
+    const int p2p = sig->coll == DSHIM_COLL_P2P;
+    /* a batch's sig is its first request's, which its owner may free once
+     * it is reported done: the failure and stall messages below use a copy
+     * (each op moves under its own op->sig) */
+    dshim_coll_sig_t batch_sig;
+    if (p2p) {
+        batch_sig = *sig;
+        sig = &batch_sig;
+    }
     while (1) {
         /* before looking at the connections: a wake-up after the look is not lost */
         dshim_waiter_arm(&comm->waiter);
@@ -750,14 +879,24 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             if (hooks->absorb(comm, ops, &n, hooks->cap, hooks->ctx) && n > old_n) {
                 dshim_xfer_link(ops, old_n, n);
                 DSHIM_CHECK(check_peers(comm, sig, ops, old_n, n));
+                trace_remark = trace_waiting;
                 continue;
             }
         }
         if (!remaining) {
+            if (trace_waiting && !p2p) {
+                /* the op may go on with another step: not waiting now (a
+                 * batch's requests are all reported done) */
+                trace_moving(comm, p2p, ops, n);
+            }
             return DSHIM_OK;
         }
         if (moved) {
             idle_loops = 0;
+            if (trace_waiting) {
+                trace_moving(comm, p2p, ops, n);
+                trace_waiting = 0;
+            }
             continue;
         }
         if (__atomic_load_n(&comm->error, __ATOMIC_ACQUIRE) != DSHIM_OK) {
@@ -784,19 +923,24 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             /* collectives only: a point-to-point number (per peer) would
              * pass for the collective of that number */
             if (sig->coll != DSHIM_COLL_P2P) {
-                announce_arrival(comm, sig->seq);
+                announce_arrival(comm, sig->seq, &store_silent);
             }
             announced = 1;
         }
         if (waited > comm->timeout_s) {
-            return fail_timeout(comm, sig, ops, n);
+            return fail_timeout(comm, sig, ops, n, &store_silent);
         }
         if (stall_s > 0 && waited >= warn_after) {
-            warn_stall(comm, sig, ops, n, waited);
+            warn_stall(comm, sig, ops, n, waited, &store_silent);
             warn_after += stall_s;
         }
         double left = comm->timeout_s - waited;
         int tmo = left > 0.1 ? 100 : (int)(left * 1000) + 1;
+        if (comm->trace && (!trace_waiting || trace_remark)) {
+            trace_wait(comm, p2p, ops, n);
+            trace_waiting = 1;
+            trace_remark = 0;
+        }
         dshim_status_t st = wait_for_events(comm, ops, n, tmo);
         if (st != DSHIM_OK) {
             DSHIM_CHECK(retry_after_wait_error(comm, sig, ops, n, esize, hooks, &next_source, st));

@@ -44,6 +44,7 @@ typedef struct dshim_ps_env {
     int resend_timeout_ms; /* PS_RESEND_TIMEOUT */
     size_t bigarray_bound; /* MXNET_KVSTORE_BIGARRAY_BOUND */
     double timeout_s;
+    double stall_warn_s;   /* DSHIM_STALL_WARN: a stalled round or request is reported this often */
     double connect_timeout_s;
     int counters;
     size_t piece_bytes; /* DSHIM_PS_PIECE: 0 = whole keys */
@@ -120,6 +121,10 @@ dshim_status_t dshim_ps_worker_pushpull_pieces(dshim_ps_node_t *node, int server
 /* 1 when the server runs on this host (its connection has the same address
  * at both ends): pieces pay off only across a network. */
 int dshim_ps_worker_server_is_local(const dshim_ps_node_t *node, int server);
+/* This thread's pushes until dshim_ps_worker_mark_init(0) are keys' initial
+ * values (rank 0's init, no round of the servers): the flight recorder
+ * labels them "MXNet init key K" and does not count them as rounds. */
+void dshim_ps_worker_mark_init(int on);
 /* Teardown begins: no more requests; a server closing its side is no failure. */
 void dshim_ps_worker_quiesce(dshim_ps_node_t *node);
 /* Tells every server this worker leaves on purpose (its connection's end is

@@ -67,6 +67,7 @@ dshim_status_t dshim_ps_env_load(dshim_ps_env_t *env)
     env->resend_timeout_ms = c->ps_resend_timeout > 0 ? (int)c->ps_resend_timeout : 1000;
     env->bigarray_bound = c->mxnet_bigarray_bound;
     env->timeout_s = c->timeout_s;
+    env->stall_warn_s = c->stall_warn_s;
     env->connect_timeout_s = c->connect_timeout_s;
     env->counters = c->ps_counters;
     env->piece_bytes = c->ps_piece;

@@ -8,6 +8,7 @@
 
 #include "config.h"
 #include "ps.h"
+#include "ps_trace.h"
 #include "status.h"
 #include "reduce/reduce.h"
 
@@ -42,6 +43,12 @@ static int summable_as(int dtype, dshim_dtype_t *out)
     case 12: *out = DSHIM_BFLOAT16; return 1;
     default: return 0;
     }
+}
+
+int dshim_ps_dtype_to_dshim(int dtype)
+{
+    dshim_dtype_t dt;
+    return summable_as(dtype, &dt) ? (int)dt : -1;
 }
 
 /* The CPU kernels of DSHIM_REDUCE_ISA, chosen once per process as the

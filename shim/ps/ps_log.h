@@ -34,6 +34,8 @@ void dshim_ps_log_write(const dshim_ps_env_t *env, int rank, dshim_log_level_t l
             dshim_ps_log_write((env), (rank), (lvl), __FILE__, __LINE__, __VA_ARGS__); \
         }                                                                      \
     } while (0)
+/* shown by default (DSHIM_DEBUG=WARN): stalls */
+#define DSHIM_PS_WARN(env, rank, ...) DSHIM_PS_LOG_(DSHIM_LOG_WARN, env, rank, __VA_ARGS__)
 /* PS_VERBOSE=1: connections, registration, barriers, commands */
 #define DSHIM_PS_INFO(env, rank, ...) DSHIM_PS_LOG_(DSHIM_LOG_INFO, env, rank, __VA_ARGS__)
 /* PS_VERBOSE=2: every message */

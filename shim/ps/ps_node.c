@@ -14,6 +14,7 @@
 #include "net.h"
 #include "ps_log.h"
 #include "ps_proto.h"
+#include "ps_trace.h"
 #include "status.h"
 
 int dshim_ps_node_rank(const dshim_ps_node_t *node)
@@ -74,6 +75,9 @@ void dshim_ps_node_fail(dshim_ps_node_t *node, const char *msg)
         char c = 1;
         ssize_t r = write(node->wake_pipe[1], &c, 1);
         (void)r;
+    }
+    if (first) {
+        dshim_ps_trace_node_failed(node, msg); /* the flight recorder's dump */
     }
 }
 
@@ -251,6 +255,7 @@ dshim_status_t dshim_ps_node_start(const dshim_ps_env_t *env, dshim_ps_node_t **
         goto fail;
     }
     node->rank = as.rank;
+    dshim_ps_trace_node_open(node);
     DSHIM_PS_INFO(env, node->rank, "registered: rank %d of %d %ss (%d workers, %d servers)", node->rank,
                   env->role == DSHIM_PS_SERVER ? env->num_servers : env->num_workers, dshim_ps_role_name(env->role),
                   env->num_workers, env->num_servers);
@@ -262,6 +267,7 @@ dshim_status_t dshim_ps_node_start(const dshim_ps_env_t *env, dshim_ps_node_t **
     *out = node;
     return DSHIM_OK;
 fail:
+    dshim_ps_trace_node_close(node);
     if (node->sched_fd >= 0) {
         close(node->sched_fd);
     }
@@ -282,6 +288,7 @@ dshim_status_t dshim_ps_barrier(dshim_ps_node_t *node, int group)
     pthread_mutex_lock(&node->mu);
     unsigned long target = node->barriers_done + 1;
     pthread_mutex_unlock(&node->mu);
+    uint64_t trace_id = dshim_ps_trace_barrier_begin(node, group, target);
     dshim_ps_hdr_t h;
     dshim_ps_hdr_init(&h, DSHIM_PS_MSG_BARRIER, group, 0);
     pthread_mutex_lock(&node->send_mu);
@@ -303,6 +310,7 @@ dshim_status_t dshim_ps_barrier(dshim_ps_node_t *node, int group)
     snprintf(failure, sizeof(failure), "%s", node->failure);
     int done = node->barriers_done >= target;
     pthread_mutex_unlock(&node->mu);
+    dshim_ps_trace_barrier_end(node, trace_id, done);
     if (done) {
         return DSHIM_OK;
     }
@@ -356,6 +364,7 @@ dshim_status_t dshim_ps_node_finish(dshim_ps_node_t *node, int skip_barrier)
     if (node->monitor_running) {
         pthread_join(node->monitor, NULL);
     }
+    dshim_ps_trace_node_close(node); /* no thread of this node records any more */
     close(node->sched_fd);
     if (node->server_fds != NULL) {
         for (int i = 0; i < node->env.num_servers; i++) {

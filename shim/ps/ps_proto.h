@@ -74,7 +74,30 @@ typedef struct dshim_ps_pending {
     dshim_ps_done_fn on_done; /* called by the receiver thread once answered (or failed) */
     void *arg;
     int refusable;            /* a command: a server's error answer fails this call only */
+    /* what it is, for stall lines and the flight recorder (ps_trace.c) */
+    int key;
+    int what;                 /* dshim_ps_req_t */
+    uint64_t round;           /* the key's round on its server as this worker counts it */
+    uint64_t trace_id;        /* DSHIM_PS_NO_TRACE (ps_trace.h) when none */
+    int trace_waiting;        /* its entry says waiting */
+    double t_sent;            /* dshim_now() when registered */
 } dshim_ps_pending_t;
+
+/* The kinds of a worker's requests (what dshim_ps_pending_t.what says). */
+typedef enum {
+    DSHIM_PS_REQ_OTHER = 0,
+    DSHIM_PS_REQ_PUSH,
+    DSHIM_PS_REQ_PUSHPULL,
+    DSHIM_PS_REQ_INIT,
+    DSHIM_PS_REQ_PULL,
+    DSHIM_PS_REQ_CMD,
+    DSHIM_PS_REQ_PUSH_ROWS,
+    DSHIM_PS_REQ_PULL_ROWS,
+    DSHIM_PS_REQ_PIECES, /* a piece of a pushpull part: the part's one entry covers it */
+} dshim_ps_req_t;
+
+struct dshim_trace_ring;   /* shim/trace/trace.h: only ps_trace.c uses it */
+struct dshim_ps_wtrace;    /* a worker's request bookkeeping (ps_trace.c) */
 
 struct dshim_ps_node {
     dshim_ps_env_t env;
@@ -110,6 +133,11 @@ struct dshim_ps_node {
     int recv_pipe[2];          /* stops the receiver */
     char recv_error[512];      /* why the receiver stopped, "" while healthy */
     char cmd_error[512];       /* a server refused the current command (under pend_mu) */
+    /* flight recorder (ps_trace.c): this node's ring ("ps/worker.R",
+     * "ps/server.R"), NULL when the recorder is off; a worker's per-key
+     * round counts and stall bookkeeping (under pend_mu) */
+    struct dshim_trace_ring *trace;
+    struct dshim_ps_wtrace *wtrace;
     /* counters */
     unsigned long n_push, n_pull, n_cmd;
     unsigned long long bytes_out, bytes_in;

@@ -15,6 +15,7 @@
 #include "ps_log.h"
 #include "ps_proto.h"
 #include "status.h"
+#include "trace.h"
 
 typedef struct sched_node {
     int fd;
@@ -181,15 +182,138 @@ static dshim_status_t registration(const dshim_ps_env_t *env, int lfd, sched_nod
     return DSHIM_OK;
 }
 
+/* A barrier of one group under way (stall lines and the flight recorder's
+ * "ps/scheduler" ring: an entry per barrier, waiting_for = the ranks of the
+ * role that is missing, workers first). */
+typedef struct sched_barrier {
+    int open;
+    unsigned long number; /* of this group's barriers, from 1 */
+    uint64_t trace_id;
+    int trace_waiting;
+    double t_last; /* the last arrival */
+} sched_barrier_t;
+
+typedef struct sched_watch {
+    dshim_trace_ring_t *ring;
+    sched_barrier_t barriers[8]; /* by group bits */
+    double next_check, t_warned;
+} sched_watch_t;
+
+static const char *group_words(int group)
+{
+    switch (group) {
+    case DSHIM_PS_GROUP_WORKERS: return "workers";
+    case DSHIM_PS_GROUP_SERVERS: return "servers";
+    case DSHIM_PS_GROUP_ALL: return "all";
+    default: return "some";
+    }
+}
+
+static void watch_arrive(sched_watch_t *w, int group)
+{
+    sched_barrier_t *b = &w->barriers[group & 7];
+    if (!b->open) {
+        b->open = 1;
+        b->number++;
+        if (w->ring != NULL) {
+            char label[DSHIM_TRACE_LABEL_LEN];
+            snprintf(label, sizeof(label), "MXNet barrier (%s)", group_words(group));
+            dshim_trace_label(label);
+            dshim_trace_op_t op = {.op = "barrier", .dtype = -1, .redop = -1, .root = -1, .peer = -1};
+            b->trace_id = dshim_trace_queued(w->ring, &op);
+            dshim_trace_started(w->ring, b->trace_id, b->number, NULL, "tcp");
+        }
+    } else if (b->trace_waiting) {
+        b->trace_waiting = 0;
+        dshim_trace_moving(w->ring, b->trace_id);
+    }
+    b->t_last = dshim_now();
+}
+
+static void watch_done(sched_watch_t *w, int group)
+{
+    sched_barrier_t *b = &w->barriers[group & 7];
+    if (b->open) {
+        b->open = 0;
+        b->trace_waiting = 0;
+        dshim_trace_done(w->ring, b->trace_id, 1);
+    }
+}
+
+/* The members of `group` of `role` that have (arrived = 1) or have not
+ * reached its barrier: "0,1" into out; returns how many (ranks too, up to max). */
+static int barrier_members(const sched_node_t *nodes, int total, int group, int role, int arrived, int *ranks,
+                           int max, char *out, size_t len)
+{
+    int n = 0;
+    size_t at = 0;
+    out[0] = '\0';
+    for (int i = 0; i < total; i++) {
+        const sched_node_t *x = &nodes[i];
+        if ((int)x->hello.role != role || ((x->barrier_group == group) != arrived)) {
+            continue;
+        }
+        if (ranks != NULL && n < max) {
+            ranks[n] = x->rank;
+        }
+        if (at + 16 < len) {
+            at += (size_t)snprintf(out + at, len - at, "%s%d", n ? "," : "", x->rank);
+        }
+        n++;
+    }
+    return n;
+}
+
+/* Every loop pass: barriers nobody reached for a while are marked waiting and
+ * said after DSHIM_STALL_WARN (the nodes time out on their own). */
+static void watch_check(sched_watch_t *w, const dshim_ps_env_t *env, const sched_node_t *nodes, int total)
+{
+    const double now = dshim_now();
+    if (now < w->next_check) {
+        return;
+    }
+    w->next_check = now + 0.25;
+    for (int g = 1; g < 8; g++) {
+        sched_barrier_t *b = &w->barriers[g];
+        if (!b->open || now - b->t_last < 1.0) {
+            continue;
+        }
+        /* the missing role: workers first */
+        int role = (g & DSHIM_PS_GROUP_WORKERS) ? DSHIM_PS_WORKER : DSHIM_PS_SERVER;
+        int ranks[DSHIM_TRACE_WAIT_MAX];
+        char missing[160], arrived[160];
+        int nm = barrier_members(nodes, total, g, role, 0, ranks, DSHIM_TRACE_WAIT_MAX, missing, sizeof(missing));
+        if (nm == 0 && (g & DSHIM_PS_GROUP_SERVERS)) {
+            role = DSHIM_PS_SERVER;
+            nm = barrier_members(nodes, total, g, role, 0, ranks, DSHIM_TRACE_WAIT_MAX, missing, sizeof(missing));
+        }
+        int na = barrier_members(nodes, total, g, role, 1, NULL, 0, arrived, sizeof(arrived));
+        if (w->ring != NULL && !b->trace_waiting) {
+            dshim_trace_waiting(w->ring, b->trace_id, ranks, nm < DSHIM_TRACE_WAIT_MAX ? nm : DSHIM_TRACE_WAIT_MAX);
+            b->trace_waiting = 1;
+        }
+        if (env->stall_warn_s > 0 && now - b->t_last >= env->stall_warn_s && now - w->t_warned >= env->stall_warn_s) {
+            w->t_warned = now;
+            const char *rn = dshim_ps_role_name((dshim_ps_role_t)role);
+            DSHIM_PS_WARN(env, -1, "stall: barrier #%lu over %s waits for %s%s %s (arrived: %s%s%s%s) for %.1f s; "
+                          "the nodes in it fail after DSHIM_TIMEOUT=%g s", b->number, group_words(g), rn,
+                          nm == 1 ? "" : "s", missing, na == 0 ? "no " : "", rn, na > 1 ? "s " : na == 1 ? " " : "",
+                          arrived, now - b->t_last, env->timeout_s);
+        }
+    }
+}
+
 static int group_size(const dshim_ps_env_t *env, int group)
 {
     return ((group & DSHIM_PS_GROUP_SERVERS) ? env->num_servers : 0) +
            ((group & DSHIM_PS_GROUP_WORKERS) ? env->num_workers : 0);
 }
 
-static void barrier_arrive(const dshim_ps_env_t *env, sched_node_t *nodes, int total, sched_node_t *n, int group)
+static void barrier_arrive(const dshim_ps_env_t *env, sched_node_t *nodes, int total, sched_node_t *n, int group,
+                           sched_watch_t *w)
 {
     n->barrier_group = group;
+    watch_arrive(w, group);
     int count = 0;
     for (int i = 0; i < total; i++) {
         count += nodes[i].barrier_group == group;
@@ -206,6 +330,7 @@ static void barrier_arrive(const dshim_ps_env_t *env, sched_node_t *nodes, int t
             dshim_ps_send(nodes[i].fd, &h, NULL, dshim_now() + 10);
         }
     }
+    watch_done(w, group);
     DSHIM_PS_INFO(env, -1, "barrier group %d done", group);
 }
 
@@ -247,6 +372,16 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
     for (int i = 0; i < total; i++) {
         nodes[i].fd = -1;
     }
+    /* its ring ("ps/scheduler": the barriers) also gives it the flight
+     * recorder's DSHIM_TRACE_SIGNAL handler, which dshim-run sends to every
+     * process of a job it diagnoses */
+    sched_watch_t watch;
+    memset(&watch, 0, sizeof(watch));
+    char desc[192];
+    snprintf(desc, sizeof(desc), "MXNet scheduler (%d workers, %d servers): an entry per barrier; waiting_for = "
+             "the missing workers' ranks, else the missing servers'", env->num_workers, env->num_servers);
+    dshim_trace_ring_info_t info = {.name = "ps/scheduler", .desc = desc, .rank = 0, .size = 1};
+    watch.ring = dshim_trace_open(&info);
     dshim_status_t st = registration(env, lfd, nodes, total);
     int byes = 0;
     while (st == DSHIM_OK && byes < total) {
@@ -283,12 +418,15 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
                 char who[160];
                 describe(n, who, sizeof(who));
                 st = dshim_error(DSHIM_ERR_PEER, "dshim ps scheduler: %s died", who);
+                if (watch.ring != NULL) {
+                    dshim_trace_dump_all("peer", dshim_last_error());
+                }
                 break;
             }
             DSHIM_PS_TRACE(env, -1, "%s from %s %d", dshim_ps_msg_name(h.type),
                            dshim_ps_role_name((dshim_ps_role_t)n->hello.role), n->rank);
             if (h.type == DSHIM_PS_MSG_BARRIER) {
-                barrier_arrive(env, nodes, total, n, h.key);
+                barrier_arrive(env, nodes, total, n, h.key, &watch);
             } else if (h.type == DSHIM_PS_MSG_BYE) {
                 n->bye = 1;
                 byes++;
@@ -297,12 +435,14 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
                 dshim_ps_skip_body(n->fd, h.len, dshim_now() + 10);
             }
         }
+        watch_check(&watch, env, nodes, total); /* barriers some node never reaches */
     }
     for (int i = 0; i < total; i++) {
         if (nodes[i].fd >= 0) {
             close(nodes[i].fd);
         }
     }
+    dshim_trace_close(watch.ring);
     close(lfd);
     free(nodes);
     free(pfds);

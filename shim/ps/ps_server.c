@@ -134,6 +134,7 @@ dshim_status_t dshim_ps_srv_update_value(server_t *s, key_state_t *k)
 
 dshim_status_t dshim_ps_srv_answer_whole_waiters(server_t *s, key_state_t *k)
 {
+    dshim_ps_srv_note_answered(s, k);
     for (int i = 0; i < k->nwaiters; i++) {
         waiter_t *w = &k->waiters[i];
         DSHIM_CHECK(w->want_pull ? answer_stored(s, k, w->worker, w->seq)
@@ -236,6 +237,7 @@ static dshim_status_t handle_push(server_t *s, int worker, const dshim_ps_hdr_t 
         if (s->multi_precision && k->dtype != 0) {
             DSHIM_CHECK(dshim_ps_srv_make_master(s, k));
         }
+        dshim_ps_srv_note_init(s, k, worker);
         DSHIM_PS_TRACE(&s->node->env, s->node->rank, "key %d initialised by worker %d (%zu elements)", h->key,
                        worker, n);
         return (h->flags & DSHIM_PS_F_PULL) ? answer_stored(s, k, worker, h->seq)
@@ -259,6 +261,7 @@ static dshim_status_t handle_push(server_t *s, int worker, const dshim_ps_hdr_t 
     if (s->sync_mode && (k->npieces > 0 || k->pieces_done > 0)) {
         return dshim_ps_srv_whole_into_pieces(s, worker, h, k); /* others push this round's values in pieces */
     }
+    dshim_ps_srv_note_push(s, k, worker);
     s->ops->wait(s->ops->ctx, k->merged_cookie, 1);
     if (k->master) {
         /* MXNet: the push cast to float32, then merged (float32) = or += it */
@@ -490,6 +493,7 @@ static void server_free(server_t *s)
     }
     free(s->keys);
     free(s->buf);
+    free(s->last);
     for (int i = 0; i < s->node->env.num_workers; i++) {
         if (s->worker_fds[i] >= 0) {
             close(s->worker_fds[i]);
@@ -509,7 +513,10 @@ static int server_init(server_t *s, dshim_ps_node_t *node, const dshim_ps_server
     s->threshold = DSHIM_TWOBIT_DEFAULT_THRESHOLD;
     int nw = node->env.num_workers;
     s->worker_fds = malloc(sizeof(int) * (size_t)nw);
-    if (s->worker_fds == NULL) {
+    s->last = calloc((size_t)nw, sizeof(*s->last));
+    if (s->worker_fds == NULL || s->last == NULL) {
+        free(s->last);
+        s->last = NULL;
         return -1;
     }
     for (int i = 0; i < nw; i++) {
@@ -573,6 +580,9 @@ dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_
             if (dshim_ps_conn_ready(&pfds[i])) {
                 st = handle_message(&s, i);
             }
+        }
+        if (st == DSHIM_OK && !s.stop) {
+            st = dshim_ps_srv_check_stalls(&s); /* a round no worker pushed for long: warn, or end the job */
         }
     }
     server_free(&s);

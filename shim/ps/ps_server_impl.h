@@ -54,7 +54,21 @@ typedef struct key_state {
     size_t rows, unit;
     unsigned char *present;
     int round_rows; /* this round's pushes are rows */
+    /* rounds (ps_trace.c): round 0 is the init, then one per update; a
+     * round is open from its first push until it is answered */
+    uint64_t round;
+    int round_open;
+    int trace_waiting; /* its recorder entry says waiting */
+    uint64_t trace_id;
+    double t_last;     /* the open round's last push (dshim_now) */
 } key_state_t;
+
+/* A worker's last push to this server (ps_trace.c): t = 0 when none yet. */
+typedef struct last_push {
+    int key;
+    uint64_t round;
+    double t;
+} last_push_t;
 
 typedef struct server {
     dshim_ps_node_t *node;
@@ -77,6 +91,9 @@ typedef struct server {
     size_t nkeys, cap;
     char *buf; /* receive buffer */
     size_t buf_cap;
+    last_push_t *last; /* by worker rank */
+    double next_check; /* of stalled rounds (dshim_ps_srv_check_stalls) */
+    double t_warned;   /* the last stall warning */
 } server_t;
 
 /* ps_server.c: the key's state, created on first use when `create`; NULL when
@@ -96,6 +113,20 @@ dshim_status_t dshim_ps_srv_make_master(server_t *s, key_state_t *k);
 /* ps_server_pieces.c: pushes of a key in pieces (sync mode). */
 dshim_status_t dshim_ps_srv_handle_piece(server_t *s, int worker, const dshim_ps_hdr_t *h);
 dshim_status_t dshim_ps_srv_whole_into_pieces(server_t *s, int worker, const dshim_ps_hdr_t *h, key_state_t *k);
+
+/* ps_trace.c: rounds, stalls and the flight recorder (ps_trace.h). */
+/* The initial value of k (round 0) came from worker. */
+void dshim_ps_srv_note_init(server_t *s, key_state_t *k, int worker);
+/* An accepted push of k's current round (whole, piece or rows); opens the
+ * round at its first push. */
+void dshim_ps_srv_note_push(server_t *s, key_state_t *k, int worker);
+/* k's round is complete (its answers go out now). */
+void dshim_ps_srv_note_answered(server_t *s, key_state_t *k);
+/* The loop, every pass: at most a few times a second, marks rounds that wait
+ * as waiting (waiting_for = the workers that have not pushed), warns after
+ * DSHIM_STALL_WARN, and after DSHIM_TIMEOUT tells every worker the story,
+ * dumps the rings and returns DSHIM_ERR_TIMEOUT. */
+dshim_status_t dshim_ps_srv_check_stalls(server_t *s);
 
 /* ps_server_rows.c: pushes and pulls of rows of a row_sparse key. */
 dshim_status_t dshim_ps_srv_rows_push(server_t *s, int worker, const dshim_ps_hdr_t *h);

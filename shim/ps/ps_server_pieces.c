@@ -149,6 +149,7 @@ dshim_status_t dshim_ps_srv_whole_into_pieces(server_t *s, int worker, const dsh
                  "pieces: set DSHIM_PS_PIECE=0", h->key);
         return dshim_ps_srv_reply_error(s, worker, h->seq, msg);
     }
+    dshim_ps_srv_note_push(s, k, worker);
     s->ops->wait(s->ops->ctx, k->merged_cookie, 1);
     char *merged = k->merged;
     if (k->nwaiters > 0) {
@@ -215,6 +216,7 @@ dshim_status_t dshim_ps_srv_handle_piece(server_t *s, int worker, const dshim_ps
                  "are in this round", h->key, worker, p->off, nw);
         return dshim_ps_srv_reply_error(s, worker, h->seq, msg);
     }
+    dshim_ps_srv_note_push(s, k, worker);
     s->ops->wait(s->ops->ctx, k->merged_cookie, 1);
     char *merged = (char *)k->merged + h->off * es;
     if (p->npushed == 0 && k->nwaiters == 0) {

@@ -157,7 +157,11 @@ dshim_status_t dshim_ps_srv_rows_push(server_t *s, int worker, const dshim_ps_hd
         return dshim_error(DSHIM_ERR_NOMEM, "server: out of memory");
     }
     if (k->stored == NULL) {
-        return rows_init(s, worker, h, k, nrows);
+        dshim_status_t st = rows_init(s, worker, h, k, nrows);
+        if (k->stored != NULL) {
+            dshim_ps_srv_note_init(s, k, worker);
+        }
+        return st;
     }
     if (rows_fit(k, worker, h, msg, sizeof(msg)) != 0) {
         return dshim_ps_srv_reply_error(s, worker, h->seq, msg);
@@ -178,6 +182,7 @@ dshim_status_t dshim_ps_srv_rows_push(server_t *s, int worker, const dshim_ps_hd
     if (k->present == NULL && (k->present = calloc(k->rows ? k->rows : 1, 1)) == NULL) {
         return dshim_error(DSHIM_ERR_NOMEM, "server: out of memory");
     }
+    dshim_ps_srv_note_push(s, k, worker);
     if (k->nwaiters == 0 || !s->sync_mode) {
         memset(k->present, 0, k->rows); /* a new round: merged = the first push */
     }

@@ -15,6 +15,7 @@
 #include "net.h"
 #include "ps_log.h"
 #include "ps_proto.h"
+#include "ps_trace.h"
 #include "status.h"
 
 static void *receiver_main(void *arg);
@@ -67,23 +68,37 @@ dshim_status_t dshim_ps_worker_connect(dshim_ps_node_t *node)
  * death notice, which names the process best. */
 static dshim_status_t server_lost(dshim_ps_node_t *node, int server, dshim_status_t st)
 {
-    const char *f = st == DSHIM_ERR_TIMEOUT ? dshim_ps_failure(node) : dshim_ps_wait_failure(node, 2.0);
+    /* a timeout: the server's own timeout comes at about the same time and
+     * names the worker that did not push (its ERROR answer fails this node) */
+    const char *f = dshim_ps_wait_failure(node, st == DSHIM_ERR_TIMEOUT ? 3.0 : 2.0);
     if (f != NULL) {
         return dshim_error_quiet(DSHIM_ERR_PEER, "%s", f);
     }
     if (st == DSHIM_ERR_TIMEOUT) {
+        char what[160];
+        pthread_mutex_lock(&node->pend_mu);
+        dshim_ps_wtrace_oldest(node, server, what, sizeof(what));
+        pthread_mutex_unlock(&node->pend_mu);
         return dshim_error(DSHIM_ERR_TIMEOUT, "worker %d: no answer from server %d (pid %d on host %s) within %.0f s "
-                           "(DSHIM_TIMEOUT): another worker may not have pushed the same key",
+                           "(DSHIM_TIMEOUT)%s%s: another worker may not have pushed the same key",
                            node->rank, server, node->servers[server].pid, node->servers[server].host,
-                           node->env.timeout_s);
+                           node->env.timeout_s, what[0] ? " to its " : "", what);
     }
     return dshim_error(DSHIM_ERR_PEER, "worker %d: server %d (pid %d on host %s) closed the connection: it died",
                        node->rank, server, node->servers[server].pid, node->servers[server].host);
 }
 
+/* What a request is, for stall lines and the flight recorder. */
+typedef struct req_info {
+    int what; /* dshim_ps_req_t */
+    int key;  /* a command: its id */
+    int dtype;
+    uint64_t count, bytes;
+} req_info_t;
+
 /* Registers a request before it is sent (its answer may come at once). */
-static dshim_status_t add_pending(dshim_ps_node_t *node, int server, void *out, size_t out_len,
-                                  dshim_ps_done_fn fn, void *arg, uint32_t *seq_p)
+static dshim_status_t add_pending_ex(dshim_ps_node_t *node, int server, void *out, size_t out_len,
+                                     dshim_ps_done_fn fn, void *arg, uint32_t *seq_p, const req_info_t *info)
 {
     dshim_ps_pending_t *p = malloc(sizeof(*p));
     if (p == NULL) {
@@ -108,10 +123,35 @@ static dshim_status_t add_pending(dshim_ps_node_t *node, int server, void *out, 
     p->on_done = fn;
     p->arg = arg;
     p->refusable = 0;
+    p->key = info != NULL ? info->key : 0;
+    p->what = info != NULL ? info->what : DSHIM_PS_REQ_OTHER;
+    dshim_ps_wtrace_request(node, p, info != NULL ? info->dtype : -1, info != NULL ? info->count : 0,
+                            info != NULL ? info->bytes : 0);
     node->pending[node->npending++] = p;
     *seq_p = p->seq;
     pthread_mutex_unlock(&node->pend_mu);
     return DSHIM_OK;
+}
+
+/* A request of no particular kind (tests/fuzz/fuzz_ps_worker.c registers its requests so). */
+__attribute__((unused)) static dshim_status_t add_pending(dshim_ps_node_t *node, int server, void *out,
+                                                          size_t out_len, dshim_ps_done_fn fn, void *arg,
+                                                          uint32_t *seq_p)
+{
+    return add_pending_ex(node, server, out, out_len, fn, arg, seq_p, NULL);
+}
+
+/* A request ends without an answer: its callback (if asked) and its entry. */
+static void end_unsent(dshim_ps_node_t *node, dshim_ps_pending_t *p, int call)
+{
+    if (p == NULL) {
+        return;
+    }
+    if (call && p->on_done != NULL) {
+        p->on_done(p->arg, 0);
+    }
+    dshim_ps_wtrace_end(node, p->trace_id, 0);
+    free(p);
 }
 
 /* Removes and returns the request (server, seq); NULL if unknown. Caller holds pend_mu. */
@@ -153,6 +193,7 @@ static dshim_ps_pending_t *find_pending(dshim_ps_node_t *node, int server, uint3
 
 static void complete(dshim_ps_node_t *node, dshim_ps_pending_t *p, int ok)
 {
+    dshim_ps_wtrace_end(node, p->trace_id, ok);
     if (p->on_done != NULL) {
         p->on_done(p->arg, ok);
     }
@@ -193,13 +234,18 @@ static dshim_status_t read_answer(dshim_ps_node_t *node, int server)
     if (st != DSHIM_OK) {
         return st;
     }
+    dshim_ps_wtrace_heard(node, server);
     if (h.type == DSHIM_PS_MSG_ERROR) {
-        char text[400] = "";
+        char text[480] = "";
         size_t k = h.len < sizeof(text) - 1 ? h.len : sizeof(text) - 1;
         dshim_ps_recv_body(fd, text, k, deadline);
         dshim_ps_skip_body(fd, h.len - k, deadline);
         char msg[512];
-        snprintf(msg, sizeof(msg), "server %d (host %s): %s", server, node->servers[server].host, text);
+        if (strncmp(text, "server ", 7) == 0) {
+            snprintf(msg, sizeof(msg), "%s", text); /* it names itself (a stalled round's story) */
+        } else {
+            snprintf(msg, sizeof(msg), "server %d (host %s): %s", server, node->servers[server].host, text);
+        }
         /* a refused command fails that call only: the server goes on serving */
         pthread_mutex_lock(&node->pend_mu);
         dshim_ps_pending_t *refused = take_refusable(node, server, h.seq);
@@ -302,6 +348,13 @@ static void *receiver_main(void *arg)
             fail_all(node, dshim_ps_failure(node) ? dshim_ps_failure(node) : dshim_last_error());
             return NULL;
         }
+        /* requests unanswered for long: warnings, and a silent server's timeout */
+        if (dshim_ps_wtrace_check(node) != DSHIM_OK) {
+            fprintf(stderr, "[dshim-ps] %s\n", dshim_last_error()); /* "worker R: no answer from server S ..." */
+            dshim_ps_node_fail(node, dshim_last_error());
+            fail_all(node, dshim_ps_failure(node));
+            return NULL;
+        }
     }
 }
 
@@ -382,7 +435,10 @@ static dshim_status_t push_common(dshim_ps_node_t *node, int server, int key, in
                                   size_t out_len, dshim_ps_done_fn fn, void *arg)
 {
     uint32_t seq = 0;
-    dshim_status_t st = add_pending(node, server, want_pull ? out : NULL, want_pull ? out_len : 0, fn, arg, &seq);
+    req_info_t info = {.what = want_pull ? DSHIM_PS_REQ_PUSHPULL : DSHIM_PS_REQ_PUSH, .key = key, .dtype = dtype,
+                       .count = nelem, .bytes = len};
+    dshim_status_t st = add_pending_ex(node, server, want_pull ? out : NULL, want_pull ? out_len : 0, fn, arg, &seq,
+                                       &info);
     if (st != DSHIM_OK) {
         if (fn != NULL) {
             fn(arg, 0);
@@ -403,10 +459,7 @@ static dshim_status_t push_common(dshim_ps_node_t *node, int server, int key, in
         pthread_mutex_lock(&node->pend_mu);
         dshim_ps_pending_t *p = take_pending(node, server, seq);
         pthread_mutex_unlock(&node->pend_mu);
-        if (p != NULL && p->on_done != NULL) {
-            p->on_done(p->arg, 0);
-        }
-        free(p);
+        end_unsent(node, p, 1);
     }
     return st;
 }
@@ -435,6 +488,8 @@ typedef struct piece_group {
     int ok;
     dshim_ps_done_fn fn;
     void *arg;
+    dshim_ps_node_t *node;
+    uint64_t trace_id; /* the part's one entry */
 } piece_group_t;
 
 static void piece_done(void *arg, int ok)
@@ -444,7 +499,9 @@ static void piece_done(void *arg, int ok)
         __atomic_store_n(&g->ok, 0, __ATOMIC_RELAXED);
     }
     if (__atomic_sub_fetch(&g->left, 1, __ATOMIC_ACQ_REL) == 0) {
-        g->fn(g->arg, __atomic_load_n(&g->ok, __ATOMIC_RELAXED));
+        const int all_ok = __atomic_load_n(&g->ok, __ATOMIC_RELAXED);
+        dshim_ps_wtrace_end(g->node, g->trace_id, all_ok);
+        g->fn(g->arg, all_ok);
         free(g);
     }
 }
@@ -469,12 +526,18 @@ dshim_status_t dshim_ps_worker_pushpull_pieces(dshim_ps_node_t *node, int server
     g->ok = 1;
     g->fn = fn;
     g->arg = arg;
+    g->node = node;
+    uint64_t round = 0;
+    g->trace_id = dshim_ps_wtrace_group(node, server, key, dtype, n, len, &round);
+    req_info_t info = {.what = DSHIM_PS_REQ_PIECES, .key = key, .dtype = dtype};
     dshim_status_t st = DSHIM_OK;
     size_t sent = 0;
     for (size_t off = 0; off < n; off += per, sent++) {
         const size_t cnt = n - off < per ? n - off : per;
         uint32_t seq = 0;
-        st = add_pending(node, server, (char *)out + off * es, cnt * es, piece_done, g, &seq);
+        info.count = cnt;
+        info.bytes = cnt * es;
+        st = add_pending_ex(node, server, (char *)out + off * es, cnt * es, piece_done, g, &seq, &info);
         if (st != DSHIM_OK) {
             break;
         }
@@ -495,7 +558,7 @@ dshim_status_t dshim_ps_worker_pushpull_pieces(dshim_ps_node_t *node, int server
             dshim_ps_pending_t *p = take_pending(node, server, seq);
             pthread_mutex_unlock(&node->pend_mu);
             sent += p == NULL;
-            free(p);
+            end_unsent(node, p, 0);
             break;
         }
     }
@@ -518,7 +581,10 @@ dshim_status_t dshim_ps_worker_pull(dshim_ps_node_t *node, int server, int key, 
                                     size_t out_len, uint32_t *seq_p)
 {
     uint32_t seq = 0;
-    DSHIM_CHECK(add_pending(node, server, out, out_len, NULL, NULL, &seq));
+    size_t es = dshim_ps_dtype_size(dtype);
+    req_info_t info = {.what = DSHIM_PS_REQ_PULL, .key = key, .dtype = dtype, .count = es ? out_len / es : 0,
+                       .bytes = out_len};
+    DSHIM_CHECK(add_pending_ex(node, server, out, out_len, NULL, NULL, &seq, &info));
     dshim_ps_hdr_t h;
     dshim_ps_hdr_init(&h, DSHIM_PS_MSG_PULL, key, 0);
     h.dtype = (uint16_t)dtype;
@@ -548,7 +614,9 @@ dshim_status_t dshim_ps_worker_push_rows(dshim_ps_node_t *node, int server, int 
                                          size_t len, size_t part_rows, size_t unit)
 {
     uint32_t seq = 0;
-    DSHIM_CHECK(add_pending(node, server, NULL, 0, NULL, NULL, &seq));
+    req_info_t info = {.what = DSHIM_PS_REQ_PUSH_ROWS, .key = key, .dtype = dtype, .count = part_rows * unit,
+                       .bytes = len};
+    DSHIM_CHECK(add_pending_ex(node, server, NULL, 0, NULL, NULL, &seq, &info));
     dshim_ps_hdr_t h;
     rows_hdr(&h, DSHIM_PS_MSG_PUSH, key, dtype, len, seq, part_rows, unit);
     __atomic_add_fetch(&node->n_push, 1, __ATOMIC_RELAXED);
@@ -559,7 +627,9 @@ dshim_status_t dshim_ps_worker_pull_rows(dshim_ps_node_t *node, int server, int 
                                          size_t nrows, size_t part_rows, size_t unit, void *out, size_t out_len)
 {
     uint32_t seq = 0;
-    DSHIM_CHECK(add_pending(node, server, out, out_len, NULL, NULL, &seq));
+    req_info_t info = {.what = DSHIM_PS_REQ_PULL_ROWS, .key = key, .dtype = dtype, .count = nrows * unit,
+                       .bytes = out_len};
+    DSHIM_CHECK(add_pending_ex(node, server, out, out_len, NULL, NULL, &seq, &info));
     dshim_ps_hdr_t h;
     rows_hdr(&h, DSHIM_PS_MSG_PULL, key, dtype, nrows * sizeof(int64_t), seq, part_rows, unit);
     __atomic_add_fetch(&node->n_pull, 1, __ATOMIC_RELAXED);
@@ -619,6 +689,7 @@ void dshim_ps_worker_drop(dshim_ps_node_t *node)
     size_t keep = 0;
     for (size_t i = 0; i < n; i++) {
         if (list[i]->on_done == NULL) {
+            dshim_ps_wtrace_end(node, list[i]->trace_id, 0);
             free(list[i]);
         } else {
             list[keep++] = list[i]; /* asynchronous ones own their buffers */
@@ -648,7 +719,8 @@ dshim_status_t dshim_ps_worker_command(dshim_ps_node_t *node, int cmd, const cha
     pthread_mutex_unlock(&node->pend_mu);
     for (int i = 0; i < node->env.num_servers; i++) {
         uint32_t seq = 0;
-        DSHIM_CHECK(add_pending(node, i, NULL, 0, NULL, NULL, &seq));
+        req_info_t info = {.what = DSHIM_PS_REQ_CMD, .key = cmd, .dtype = -1, .bytes = len};
+        DSHIM_CHECK(add_pending_ex(node, i, NULL, 0, NULL, NULL, &seq, &info));
         mark_refusable(node, i, seq);
         dshim_ps_hdr_t h;
         dshim_ps_hdr_init(&h, DSHIM_PS_MSG_CMD, cmd, len);

@@ -221,6 +221,110 @@ START_TEST(test_timeout_names_missing_rank)
 }
 END_TEST
 
+/* ---- the store's host stops: the others still time out on time -------- */
+
+/* Rank 0 (which hosts the store) stops itself after a first allreduce; the
+ * others wait in the second.  Their arrival marks and failure reports go to
+ * the stopped store: those calls are bounded (dshim_store_patience), so the
+ * timeout fires after about DSHIM_TIMEOUT, and the error says the store did
+ * not answer instead of naming ranks it could not ask about. */
+static int body_store_host_stops(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    int v = 1;
+    if (dshim_allreduce(comm, &v, &v, 1, DSHIM_INT32, DSHIM_SUM) != DSHIM_OK) {
+        return 4;
+    }
+    if (rank == 0) {
+        /* stopped until a child of its own kills it, well after the
+         * others' timeout, so that the harness sees every rank end */
+        pid_t me = getpid();
+        if (fork() == 0) {
+            sleep_s(7.0);
+            kill(me, SIGKILL);
+            _exit(0);
+        }
+        raise(SIGSTOP);
+    }
+    double t0 = dshim_now();
+    dshim_status_t st = dshim_allreduce(comm, &v, &v, 1, DSHIM_INT32, DSHIM_SUM);
+    fprintf(stderr, "ERROR after %.2f s: %s\n", dshim_now() - t0, dshim_last_error());
+    _exit(st == DSHIM_OK ? 0 : 3); /* no destroy: its goodbyes would go to the stopped store */
+}
+
+START_TEST(test_store_host_stopped)
+{
+    const char *env[] = {"DSHIM_TIMEOUT=3", "DSHIM_STALL_WARN=1", NULL};
+    test_rank_result_t res[3];
+    ck_assert_int_eq(test_run_ranks(3, body_store_host_stops, NULL, env, 20.0, res), 0);
+    for (int r = 1; r < 3; r++) {
+        double took = -1;
+        const char *e = strstr(res[r].err, "ERROR after ");
+        if (e) {
+            took = atof(e + strlen("ERROR after "));
+        }
+        if (!(res[r].exited && res[r].code == 3 && took > 0 && took < 4.5 &&
+              strstr(res[r].err, "did not arrive at this collective: unknown (the rendezvous store") &&
+              strstr(res[r].err, "has made no progress for 1 s"))) {
+            dump(res, 3);
+        }
+        ck_assert(res[r].exited && res[r].code == 3);
+        /* before: 2 x DSHIM_TIMEOUT (the arrival mark waited on the store)
+         * and no stall warning meanwhile */
+        ck_assert_msg(took > 0 && took < 4.5, "rank %d gave up after %.2f s, wanted ~3 s", r, took);
+        ck_assert_msg(strstr(res[r].err, "has made no progress for 1 s"), "rank %d: no stall warning on time", r);
+        ck_assert_msg(strstr(res[r].err, "did not arrive at this collective: unknown (the rendezvous store"),
+                      "rank %d must say the store did not answer, not guess ranks", r);
+    }
+}
+END_TEST
+
+/* A rank that finished the collective and waits in the next one has
+ * arrived: rank 2 ends its part of a reduce to rank 0 (the chain 2 -> 1 -> 0)
+ * at once and waits in the next allreduce, while rank 1 is late; rank 0's
+ * timeout must name rank 1 alone (before: "1, 2", since rank 2 never waited
+ * in the reduce long enough to leave a mark there). */
+static int body_finished_rank_not_missing(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    int v = 1, out = 0;
+    if (rank == 1) {
+        sleep_s(6.0);
+    }
+    dshim_status_t st = dshim_reduce(comm, &v, &out, 1, DSHIM_INT32, DSHIM_SUM, 0);
+    if (st == DSHIM_OK) {
+        st = dshim_allreduce(comm, &v, &v, 1, DSHIM_INT32, DSHIM_SUM);
+    }
+    if (st != DSHIM_OK) {
+        fprintf(stderr, "ERROR: %s\n", dshim_last_error());
+    }
+    _exit(st == DSHIM_OK ? 0 : 3);
+}
+
+START_TEST(test_finished_rank_not_missing)
+{
+    const char *env[] = {"DSHIM_TIMEOUT=2.5", NULL};
+    test_rank_result_t res[3];
+    ck_assert_int_eq(test_run_ranks(3, body_finished_rank_not_missing, NULL, env, 30.0, res), 0);
+    const char *want = "did not arrive at this collective: 1";
+    const char *e = strstr(res[0].err, want);
+    if (!(res[0].exited && res[0].code == 3 && e && e[strlen(want)] != ',')) {
+        dump(res, 3);
+    }
+    ck_assert(res[0].exited && res[0].code == 3);
+    ck_assert_msg(e, "rank 0 must name rank 1 as not arrived");
+    ck_assert_msg(e[strlen(want)] != ',', "rank 0 must name rank 1 alone (rank 2 had moved on)");
+}
+END_TEST
+
 /* The one timeout rule (dshim_comm_set_timeout): a framework's timeout governs
  * when the user did not set DSHIM_TIMEOUT, the user's DSHIM_TIMEOUT when set.
  * Rank 2 is 6 s late; the others must give up after about 1.5 s either way:
@@ -880,6 +984,8 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_mismatched_dtype);
     tcase_add_test(tc, test_mismatched_reduce_scatterv_counts);
     tcase_add_test(tc, test_timeout_names_missing_rank);
+    tcase_add_test(tc, test_store_host_stopped);
+    tcase_add_test(tc, test_finished_rank_not_missing);
     tcase_add_test(tc, test_comm_set_timeout);
     tcase_add_test(tc, test_env_timeout_wins);
     tcase_add_test(tc, test_zero_byte_p2p);

@@ -5,7 +5,8 @@
 # is then local; hosts 1 and 2 are reached over ssh.
 #
 # Cases (issue 3): torchrun-style placement, environment and argument quoting;
-# a real dshim job (dshim-bench) spanning the hosts over TCP; MXNet
+# a real dshim job (dshim-bench) spanning the hosts over TCP; a hung one whose
+# flight-recorder dumps come back from every host for the diagnosis (issue 19); MXNet
 # launch.py-style placement; a remote rank failing, SIGINT, a SIGKILLed worker
 # and a SIGKILLed launcher, each leaving no process anywhere; an unreachable
 # host; --sync-dst-dir with real rsync (and its failure); host:port lines and
@@ -302,6 +303,40 @@ exec sleep 100
 EOF
 chmod +x "$work/job.sh"
 
+# nccl_job.py DIR: the NCCL API of the preloaded libdshim.so through ctypes on host
+# buffers (no torch on the hosts' python3); rank 0's unique id goes to the others in a
+# file; STEPS ncclAllReduce calls, of which SKIP_RANK skips the last (it sleeps).
+cat >"$work/nccl_job.py" <<'EOF'
+import ctypes, os, sys, time
+d = sys.argv[1]
+lib = ctypes.CDLL(None)
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+uid = UniqueId()
+path = os.path.join(d, "nccl-id")
+if rank == 0:
+    assert lib.ncclGetUniqueId(ctypes.byref(uid)) == 0
+    open(path + ".tmp", "wb").write(ctypes.string_at(ctypes.byref(uid), 128))
+    os.rename(path + ".tmp", path)
+else:
+    while not os.path.exists(path):
+        time.sleep(0.02)
+    ctypes.memmove(ctypes.byref(uid), open(path, "rb").read(), 128)
+comm = ctypes.c_void_p()
+lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+assert lib.ncclCommInitRank(ctypes.byref(comm), world, uid, rank) == 0
+lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_void_p, ctypes.c_void_p]
+buf = (ctypes.c_float * 1024)(*([1.0] * 1024))
+steps, skip = int(os.environ.get("STEPS", "3")), int(os.environ.get("SKIP_RANK", "-1"))
+for step in range(steps + 1):
+    if step == steps and rank == skip:
+        time.sleep(60)
+    if lib.ncclAllReduce(buf, buf, 1024, 7, 0, comm, None) != 0:  # ncclFloat32, ncclSum
+        sys.exit(1)
+EOF
+
 # field LINE KEY — value of KEY=... in a SHOW line.
 field() {
     local w
@@ -391,6 +426,26 @@ t_bench() {
         { echo "  rank 0's header does not say 6 ranks over tcp"; show_output "$name"; return 1; }
     echo "  $(grep -E '^\[rank 0\] # dshim-bench' "$work/$name.out")"
     echo "  $(grep -E '^\[rank 0\] +[0-9]+ ' "$work/$name.out")"
+}
+
+# 2c. a hung job across the hosts (rank 3, host 1's first, skips its last ncclAllReduce;
+# DSHIM_TIMEOUT=3): the flight-recorder dumps of all three hosts come back over the ssh
+# lifelines, and the diagnosis names rank 3 and the allreduce the others wait in.
+t_diagnose() {
+    local d="$work/c2c" dir n ok=0
+    mkdir -p "$d"
+    fg_run hang "$work" 60 DSHIM_TIMEOUT=3 SKIP_RANK=3 STEPS=3 -- -H "$hf" --nproc-per-node 2 "$work/nccl_job.py" "$d"
+    [ "$rc" = 1 ] || { echo "  exit code $rc, expected 1"; show_output hang; return 1; }
+    grep -qE '^dshim-run:   ranks 0-2,4,5 wait in allreduce #3 \(float32 × 1,024(, from ncclAllReduce)?\) for rank 3\b' \
+        "$work/hang.err" || { echo "  no diagnosis line: ranks 0-2,4,5 wait in allreduce #3 for rank 3"; ok=1; }
+    grep -qE '^dshim-run:   rank 3 \(host [^,]+, pid [0-9]+\) has not called any collective for .* \(last: allreduce #2 done\)$' \
+        "$work/hang.err" || { echo "  no diagnosis line: rank 3 has not called any collective"; ok=1; }
+    dir=$(sed -n 's/^dshim-run: diagnosis from the flight recorder (dumps in \([^;]*\);.*/\1/p' "$work/hang.err")
+    n=$(ls "$dir"/dshim-trace.*.jsonl 2>/dev/null | wc -l)
+    [ "$n" = 6 ] || { echo "  $n dumps in '$dir', expected 6 (2 per host)"; ok=1; }
+    [ "$ok" = 0 ] || show_output hang
+    grep -E '^dshim-run:   ' "$work/hang.err" | sed 's/^/  /'
+    return $ok
 }
 
 # 3. MXNet launch.py style: scheduler here, servers then workers round-robin over the hosts.
@@ -645,7 +700,7 @@ t_tmp_left() {
             ok=1
         fi
     done
-    [ "${#runs[@]}" = 13 ] || { echo "  ${#runs[@]} runs recorded, expected 13"; ok=1; }
+    [ "${#runs[@]}" = 14 ] || { echo "  ${#runs[@]} runs recorded, expected 14"; ok=1; }
     return $ok
 }
 
@@ -662,6 +717,7 @@ echo "hosts: $HOSTS_IPS (up in $(($(now_ms) - t_up)) ms)"
 check "1 torchrun style on 3 hosts: placement, env, arguments intact" t_torch
 check "2a dshim-bench across 3 hosts" t_bench bench
 check "2b dshim-bench across 3 hosts, DSHIM_TRANSPORT=tcp" t_bench bench_tcp DSHIM_TRANSPORT=tcp
+check "2c hung job across 3 hosts: every host's dumps, the diagnosis names rank 3" t_diagnose
 check "3 MXNet launch.py style over ssh" t_mxnet
 check "4 rank 5 on host 2 exits 3: job stopped everywhere" t_remote_fail
 check "5a SIGINT to dshim-run: exit 130, nothing left" t_sigint

@@ -54,7 +54,9 @@ def launch(script, out, *args, dshim=True, nw=2, ns=2, env=None, timeout=180):
 class ByHand:
     """The seed recipe: every role started by hand with the DMLC_* variables."""
 
-    def __init__(self, script, out, *args, dshim=True, nw=2, ns=2, env=None):
+    def __init__(self, script, out, *args, dshim=True, nw=2, ns=2, env=None, task_ids=False):
+        """task_ids: DMLC_TASK_ID as dshim-run sets it (servers 0..ns-1, then the workers), so that
+        process "worker1" has rank 1; without, ranks follow the order of arrival."""
         os.makedirs(out, exist_ok=True)
         self.out = Path(out)
         port = free_port()
@@ -70,6 +72,8 @@ class ByHand:
             name = role if role == "scheduler" else "%s%d" % (role, i)
             log = open(self.out / ("%s.log" % name), "w")
             e = clean_env(dict(base, DMLC_ROLE=role))
+            if task_ids and role != "scheduler":
+                e["DMLC_TASK_ID"] = str(i if role == "server" else ns + i)
             self.procs[name] = subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT,
                                                 start_new_session=True)
             log.close()

@@ -4,7 +4,7 @@
  *   nccl_api SCENARIO NPROCS
  *
  * Scenarios: collectives, groups, split, nonblocking, initall, abort, killed,
- * exit_clean, errors.  Ranks are forked by tests/common/ranks.c; the
+ * exit_clean, errors, labels.  Ranks are forked by tests/common/ranks.c; the
  * ncclUniqueId made by rank 0 reaches the others through a file, as a
  * launcher or torch's store would carry it.  Links libdshim.so only (the
  * symbols a program linked against libnccl would find).
@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dshim.h"
 #include "ranks.h"
 
 static int g_rank = -1, g_fail = 0;
@@ -947,6 +948,133 @@ static int body_bad_env(int rank, int n, int port, void *arg)
     return g_fail ? 1 : 0;
 }
 
+/* --- scenario: flight-recorder labels --------------------------------------- */
+
+/* The string value of "key" in one JSON line of a dump (dshim writes labels
+ * and op names without escapes); "" when absent. */
+static void json_str(const char *line, const char *key, char *out, size_t size)
+{
+    char pat[64];
+    snprintf(pat, sizeof(pat), "\"%s\":\"", key);
+    const char *p = strstr(line, pat);
+    out[0] = 0;
+    if (!p) {
+        return;
+    }
+    p += strlen(pat);
+    const char *q = strchr(p, '"');
+    size_t n = q ? (size_t)(q - p) : 0;
+    if (n >= size) {
+        n = size - 1;
+    }
+    memcpy(out, p, n);
+    out[n] = 0;
+}
+
+/* Every NCCL call labels the dshim operation it submits with its own name,
+ * alone and in groups, on this rank's flight-recorder dump (dshim_trace_dump,
+ * DSHIM_TRACE_DIR set by main); a call refused by its checks labels nothing. */
+static int body_labels(int rank, int n, int port, void *arg)
+{
+    (void)port, (void)arg;
+    g_rank = rank;
+    ncclComm_t comm;
+    if (init_comm(rank, n, "labels", &comm) != 0) {
+        return 2;
+    }
+    enum { C = 8 };
+    float a[C * TEST_MAX_RANKS], b[C * TEST_MAX_RANKS];
+    for (int i = 0; i < C * TEST_MAX_RANKS; i++) {
+        a[i] = 1.0f;
+    }
+    int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    NCCLOK(ncclAllReduce(a, b, C, ncclFloat32, ncclSum, comm, NULL));
+    NCCLOK(ncclBroadcast(a, b, C, ncclFloat32, 0, comm, NULL));
+    NCCLOK(ncclBcast(b, C, ncclFloat32, 0, comm, NULL));
+    NCCLOK(ncclReduce(a, b, C, ncclFloat32, ncclSum, 0, comm, NULL));
+    NCCLOK(ncclAllGather(a, b, C, ncclFloat32, comm, NULL));
+    NCCLOK(ncclReduceScatter(a, b, C, ncclFloat32, ncclSum, comm, NULL));
+    NCCLOK(ncclAlltoAll(a, b, C, ncclFloat32, comm, NULL));
+    NCCLOK(ncclGather(a, b, C, ncclFloat32, 0, comm, NULL));
+    NCCLOK(ncclScatter(a, b, C, ncclFloat32, 0, comm, NULL));
+    /* refused before anything is submitted: no entry, and no label left over */
+    CHECK(ncclAllReduce(a, b, C, (ncclDataType_t)1000, ncclSum, comm, NULL) == ncclInvalidArgument,
+          "a bad datatype was accepted");
+    NCCLOK(ncclGroupStart());
+    NCCLOK(ncclSend(a, C, ncclFloat32, next, comm, NULL));
+    NCCLOK(ncclRecv(b, C, ncclFloat32, prev, comm, NULL));
+    NCCLOK(ncclGroupEnd());
+    NCCLOK(ncclGroupStart());
+    NCCLOK(ncclAllReduce(a, b, C, ncclFloat32, ncclMax, comm, NULL));
+    NCCLOK(ncclBroadcast(a, b, C, ncclFloat32, n - 1, comm, NULL));
+    NCCLOK(ncclGroupEnd());
+    float scale = 0.5f;
+    ncclRedOp_t premul;
+    NCCLOK(ncclRedOpCreatePreMulSum(&premul, &scale, ncclFloat32, ncclScalarHostImmediate, comm));
+    NCCLOK(ncclAllReduce(a, b, C, ncclFloat32, premul, comm, NULL));
+    NCCLOK(ncclRedOpDestroy(premul, comm));
+    CHECK(dshim_trace_dump() == DSHIM_OK, "dshim_trace_dump: %s", dshim_last_error());
+
+    static const char *const all[] = {"ncclAllReduce", "ncclBroadcast", "ncclBcast",         "ncclReduce",
+                                      "ncclAllGather", "ncclReduceScatter", "ncclAlltoAll",   "ncclGather",
+                                      "ncclScatter",   "ncclSend",      "ncclRecv",          "ncclAllReduce",
+                                      "ncclBroadcast", "ncclAllReduce"};
+    const char *want[sizeof(all) / sizeof(all[0])];
+    int nwant = 0;
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        if (n > 1 || (strcmp(all[i], "ncclSend") && strcmp(all[i], "ncclRecv"))) {
+            want[nwant++] = all[i];  /* alone, a rank's send to itself is a local copy: no entry */
+        }
+    }
+    char dir[300], path[600], suffix[64];
+    snprintf(dir, sizeof(dir), "%s/trace", g_dir);
+    snprintf(suffix, sizeof(suffix), ".%d.jsonl", (int)getpid());
+    path[0] = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        size_t len = strlen(e->d_name), sl = strlen(suffix);
+        if (strncmp(e->d_name, "dshim-trace.", 12) == 0 && len > sl && strcmp(e->d_name + len - sl, suffix) == 0) {
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        }
+    }
+    if (d) {
+        closedir(d);
+    }
+    FILE *f = path[0] ? fopen(path, "r") : NULL;
+    CHECK(f != NULL, "no dump dshim-trace.*%s in %s", suffix, dir);
+    int k = 0;
+    char line[4096], label[80], op[32], ring[128] = "", name[128], size_key[32];
+    snprintf(size_key, sizeof(size_key), "\"size\":%d,", n);
+    while (f && fgets(line, sizeof(line), f)) {
+        json_str(line, "ring", name, sizeof(name));
+        if (!strstr(line, "\"id\":")) {
+            if (name[0] && strstr(line, size_key) && !ring[0]) {
+                snprintf(ring, sizeof(ring), "%s", name);  /* the ring of this communicator */
+            }
+            continue;
+        }
+        if (strcmp(name, ring) != 0) {
+            continue;
+        }
+        json_str(line, "label", label, sizeof(label));
+        json_str(line, "op", op, sizeof(op));
+        CHECK(k < nwant && strcmp(label, want[k]) == 0, "entry %d (op %s): label \"%s\", expected \"%s\"", k, op,
+              label, k < nwant ? want[k] : "(no more entries)");
+        k++;
+    }
+    if (f) {
+        fclose(f);
+    }
+    CHECK(k == nwant, "%d entries in the dump, expected %d", k, nwant);
+    NCCLOK(ncclCommFinalize(comm));
+    NCCLOK(ncclCommDestroy(comm));
+    if (!g_fail) {
+        fprintf(stderr, "rank %d: %d entries labelled with their NCCL calls\n", rank, k);
+    }
+    return g_fail ? 1 : 0;
+}
+
 /* --- scenario: error paths (one rank) ------------------------------------- */
 
 /* host functions of nccl_device.h (a C++ header): prototypes by ABI */
@@ -1066,24 +1194,31 @@ static const scenario_t scenarios[] = {
     {"collectives", body_collectives, 0}, {"groups", body_groups, 0},   {"split", body_split, 0},
     {"nonblocking", body_nonblocking, 0}, {"initall", body_initall, 0}, {"abort", body_abort, 0},
     {"killed", body_killed, 1},           {"init_fail", body_init_fail, 0},           {"exit_clean", body_exit_clean, 0}, {"errors", body_errors, 0},
-    {"bad_env", body_bad_env, 0},
+    {"bad_env", body_bad_env, 0},         {"labels", body_labels, 0},
 };
 
-static void cleanup_dir(void)
+static void cleanup_tree(const char *dir)
 {
-    DIR *d = opendir(g_dir);
+    DIR *d = opendir(dir);
     struct dirent *e;
     char path[600];
     while (d && (e = readdir(d))) {
         if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(path, sizeof(path), "%s/%s", g_dir, e->d_name);
-            unlink(path);
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            if (unlink(path) != 0 && errno == EISDIR) {
+                cleanup_tree(path);  /* the labels scenario's trace directory */
+            }
         }
     }
     if (d) {
         closedir(d);
     }
-    rmdir(g_dir);
+    rmdir(dir);
+}
+
+static void cleanup_dir(void)
+{
+    cleanup_tree(g_dir);
 }
 
 int main(int argc, char **argv)
@@ -1112,7 +1247,11 @@ int main(int argc, char **argv)
     double t0 = now_s();
     /* a store that vanished is noticed after DSHIM_CONNECT_TIMEOUT */
     const char *const short_connect[] = {"DSHIM_CONNECT_TIMEOUT=4", NULL};
-    int rc = test_run_ranks(n, sc->body, NULL, sc->body == body_init_fail ? short_connect : NULL, 120.0, res);
+    static char trace_dir[300];
+    snprintf(trace_dir, sizeof(trace_dir), "DSHIM_TRACE_DIR=%s/trace", g_dir);
+    const char *const trace_env[] = {trace_dir, "DSHIM_TRACE_FR=0", "DSHIM_TRACE_BUFFER=2000", NULL};
+    const char *const *env = sc->body == body_init_fail ? short_connect : sc->body == body_labels ? trace_env : NULL;
+    int rc = test_run_ranks(n, sc->body, NULL, env, 120.0, res);
     double took = now_s() - t0;
     cleanup_dir();
     int failed = rc != 0;

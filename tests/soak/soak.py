@@ -407,13 +407,6 @@ class Run:
         ends = [t for p, t in self.last_seen.items() if not self.is_launcher(p)]
         self.t_procs_end = max(max(ends) + 0.05, self.t_fault) if ends else self.t_fault
         limit = TIMEOUT_S + END_SLACK_S
-        if self.known_store_stall():
-            limit = 2 * TIMEOUT_S + END_SLACK_S
-            self.notes.append("KNOWN: %s; a rank's timeout first waits up to DSHIM_TIMEOUT on that store "
-                              "(bound here 2 x DSHIM_TIMEOUT + %g s; DSHIM_SOAK_STRICT=1: %g s)" % (
-                                  "the stopped rank 0 hosts the group's store" if self.fault == "stop" else
-                                  "host 1's ranks cannot reach the group's store on host 0", END_SLACK_S,
-                                  TIMEOUT_S + END_SLACK_S))
         if self.t_procs_end - self.t_fault > limit:
             self.problems.append("the job's processes ended %.2f s after the fault, over %g s" % (
                 self.t_procs_end - self.t_fault, limit))
@@ -428,15 +421,6 @@ class Run:
         """dshim-run (controller, agents) and the controller's ssh clients."""
         argv0 = os.path.basename(self.argv0.get(pid, "").split(" ")[0])
         return argv0 in ("dshim-run", "ssh")
-
-    def known_store_stall(self):
-        """Known issue (docs/reliability.md "Known gaps"): a rank whose group's dshim store (hosted by
-        rank 0) does not answer -- rank 0 SIGSTOPped, or the store's host cut off -- blocks in
-        announce_arrival (xfer.c) for up to DSHIM_TIMEOUT before its own timeout can fire.
-        DSHIM_SOAK_STRICT=1 holds these runs to the plain bound."""
-        if os.environ.get("DSHIM_SOAK_STRICT") == "1":
-            return False
-        return self.job == "torch" and (self.fault == "netcut" or (self.fault == "stop" and self.victim[1] == 0))
 
     def _wait_exit(self, secs):
         try:

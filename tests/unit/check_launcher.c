@@ -71,6 +71,16 @@ START_TEST(spec_roundtrip)
     ck_assert_int_eq(spec.procs[1].argv.n, 4);
     ck_assert_str_eq(spec.procs[1].argv.v[2], "arg with 2 spaces");
     ck_assert_str_eq(spec.procs[1].argv.v[3], "");
+    ck_assert_str_eq(spec.trace_dir, "");  /* no flight recorder: nothing for the agent to collect */
+    free(b64);
+    run_spec_free(&spec);
+    /* the per-job flight-recorder directory reaches the agent (collect.h) */
+    plan.trace_dir = "/tmp/dshim-run-7/trace_0";
+    plan.trace_owned = true;
+    b64 = run_spec_encode(&plan, 0, 1);
+    ck_assert_int_eq(run_spec_decode(b64, &spec, err, sizeof(err)), 0);
+    ck_assert_str_eq(spec.trace_dir, "/tmp/dshim-run-7/trace_0");
+    ck_assert(spec.trace_owned);
     free(b64);
     run_spec_free(&spec);
     run_strv_free(&env);
@@ -157,7 +167,14 @@ START_TEST(frames_roundtrip)
     /* plain text (ssh, mpirun) is not a frame */
     ck_assert_int_eq(run_frame_parse("ssh: connect refused", 20, &f), -1);
     ck_assert_int_eq(run_frame_parse("\x1eX 1", 4, &f), -1);
-    ck_assert_int_eq(run_frame_parse("\x1eZ 1 x", 6, &f), -1);
+    ck_assert_int_eq(run_frame_parse("\x1eJ 1 x", 6, &f), -1);
+    /* flight-recorder dumps (collect.h): "<kind> <idx> <text>" */
+    ck_assert_int_eq(run_frame_parse("\x1e" "D -1 dshim-trace.0.7.jsonl", 27, &f), 0);
+    ck_assert(f.kind == 'D' && f.idx == -1 && f.textlen == 21);
+    ck_assert_int_eq(run_frame_parse("\x1eY 3 T 0 0", 10, &f), 0);
+    ck_assert(f.kind == 'Y' && f.idx == 3 && strncmp(f.text, "T 0 0", f.textlen) == 0);
+    ck_assert_int_eq(run_frame_parse("\x1eZ -1 4 2", 9, &f), 0);
+    ck_assert(f.kind == 'Z' && f.textlen == 3);
 }
 END_TEST
 

@@ -6,7 +6,9 @@
  * pushpulls in pieces (DSHIM_PS_PIECE), pieces and whole pushes of one key in
  * one round, workers that cut a key differently (an error, not a wrong sum),
  * a command the servers refuse (that call fails, the job goes on),
- * and a killed worker ends every other process with an error naming it; the
+ * and a killed worker ends every other process with an error naming it, a
+ * worker that never pushes ends the job at the server's timeout with the story
+ * naming it, the key, the round and the server (issue 19); the
  * sums of every MXNet dtype (merged + recved, through the reduce backend) and
  * PS_VERBOSE's lines in dshim's log.  (The real MXNet runs in tests/mxnet;
  * this covers the protocol in the sanitizer builds.)
@@ -30,7 +32,8 @@
 
 static int sleeper_pipe[2] = {-1, -1}; /* the parked worker (or server) writes its pid here */
 /* 1: the server parks after the start-up barrier (the test kills it) and the
- * worker keeps sending requests to it: run_dead_server_worker */
+ * worker keeps sending requests to it: run_dead_server_worker; 2: the same
+ * server, and one request that it never answers: run_silent_server_worker */
 static int server_sleeps;
 /* how the workers push after init, over several rounds: 0 whole parts; 1
  * pieces of piece_bytes; 2 rank 1 in pieces, the others whole (as when only
@@ -44,6 +47,10 @@ static int server_updater;
  * refuse: that call fails with their reason and the job goes on */
 static int refused_command;
 static size_t test_n;
+/* DSHIM_TIMEOUT of every process of a job (make_env) */
+static double job_timeout_s = 30;
+/* not NULL: a worker whose call fails must have this in its failure (exit 21), not any error (10) */
+static const char *expect_failure;
 
 static int half_sum_has_updater(void *ctx)
 {
@@ -103,7 +110,7 @@ static dshim_ps_env_t make_env(dshim_ps_role_t role, int port, int nw, int ns)
     e.root_port = port;
     e.resend_timeout_ms = 1000;
     e.bigarray_bound = 8;
-    e.timeout_s = 30;
+    e.timeout_s = job_timeout_s;
     e.connect_timeout_s = 20;
     e.task_id = -1;
     return e;
@@ -202,6 +209,18 @@ static int run_worker(int port, int nw, int ns, size_t n, int sleep_forever_rank
                                      parts[p].count, 0, 1, out + parts[p].offset, parts[p].count * 4, NULL);
             }
             st = dshim_ps_worker_wait_all(node);
+        }
+        if (st != DSHIM_OK && expect_failure != NULL) {
+            const char *f = dshim_ps_failure(node);
+            int found = f != NULL && strstr(f, expect_failure) != NULL;
+            if (!found) {
+                fprintf(stderr, "worker %d: expected '%s' in its failure, got '%s' (%s)\n", rank, expect_failure,
+                        f ? f : "none", dshim_last_error());
+            }
+            dshim_ps_node_finish(node, 1);
+            free(v);
+            free(out);
+            return found ? 21 : 10;
         }
         if (st != DSHIM_OK) {
             fprintf(stderr, "worker %d: %s\n", rank, dshim_last_error()[0] ? dshim_last_error() : "(the error above)");
@@ -391,6 +410,8 @@ static int run_dead_server_worker(int port)
     return rc;
 }
 
+static int run_silent_server_worker(int port);
+
 typedef struct job {
     pid_t pids[16];
     int n;
@@ -405,6 +426,7 @@ static void start(job_t *job, int port, int nw, int ns, size_t n, int sleeper)
             alarm(60);
             int rc = r == 0 ? run_scheduler(port, nw, ns)
                    : r <= ns ? run_server(port, nw, ns)
+                   : server_sleeps == 2 ? run_silent_server_worker(port)
                    : server_sleeps ? run_dead_server_worker(port)
                    : rows_mode ? run_rows_worker(port, nw, ns)
                                    : run_worker(port, nw, ns, n, sleeper);
@@ -551,6 +573,111 @@ START_TEST(killed_worker_ends_everyone)
         }
     }
     ck_assert_msg(dshim_now() - t0 < 10, "the job took %.1f s to end", dshim_now() - t0);
+}
+END_TEST
+
+/* Worker 1 never pushes key 3 after its init: the server's round waits for
+ * DSHIM_TIMEOUT, then the server ends the job with the one-line story, which
+ * every worker gets as its failure; whole pushes and pushes in pieces. */
+static void unpushed_round_case(int mode, const char *story)
+{
+    piece_mode = mode;
+    job_timeout_s = 1.5;
+    expect_failure = story;
+    ck_assert_int_eq(pipe(sleeper_pipe), 0);
+    job_t job;
+    start(&job, ck_free_port(), 2, 1, 5, 1);
+    pid_t sleeper = 0;
+    ck_assert_int_eq(read(sleeper_pipe[0], &sleeper, sizeof(sleeper)), (int)sizeof(sleeper));
+    double t0 = dshim_now();
+    int checked = 0;
+    for (int i = 2; i < job.n; i++) { /* the worker that pushed (rank 0: the sleeper is rank 1) */
+        if (job.pids[i] != sleeper) {
+            int rc = wait_code(job.pids[i]);
+            ck_assert_msg(rc == 21, "worker (process %d) exited with %d, expected 21 (the story)", i, rc);
+            checked = 1;
+        }
+    }
+    ck_assert(checked);
+    ck_assert_msg(wait_code(job.pids[1]) == 5, "the server did not end with an error");
+    ck_assert_msg(dshim_now() - t0 < 15, "the job took %.1f s to end", dshim_now() - t0);
+    kill(sleeper, SIGKILL); /* it would end by itself 3 s after the scheduler's notice */
+    wait_code(sleeper);
+    wait_code(job.pids[0]); /* the scheduler: ends once the server is gone */
+    close(sleeper_pipe[0]);
+    close(sleeper_pipe[1]);
+    piece_mode = 0;
+    job_timeout_s = 30;
+    expect_failure = NULL;
+}
+
+START_TEST(a_worker_that_never_pushes_is_named_by_the_server)
+{
+    unpushed_round_case(0, "waits for key 3 round 1 from worker 1 (pushed by worker 0); worker 1 has pushed nothing "
+                           "to it; no push of key 3 for ");
+    unpushed_round_case(1, "waits for key 3 round 1 from worker 1 (pushed by worker 0, in pieces); worker 1 has "
+                           "pushed nothing to it; no push of key 3 for ");
+}
+END_TEST
+
+/* The server parks without reading (as a SIGSTOPped one): a pushpull with a
+ * callback (MXNet's engine path, where no call waits with a timeout) fails on
+ * the worker's own after DSHIM_TIMEOUT (+ the grace that lets a server's
+ * timeout come first), naming the server and the request.  Exit 22 when so. */
+static void silent_done(void *arg, int ok)
+{
+    __atomic_store_n((int *)arg, ok ? 1 : 2, __ATOMIC_RELEASE);
+}
+
+static int run_silent_server_worker(int port)
+{
+    dshim_ps_env_t e = make_env(DSHIM_PS_WORKER, port, 1, 1);
+    dshim_ps_node_t *node;
+    if (dshim_ps_node_start(&e, &node) != DSHIM_OK || dshim_ps_worker_connect(node) != DSHIM_OK ||
+        dshim_ps_barrier(node, DSHIM_PS_GROUP_ALL) != DSHIM_OK) {
+        return 6;
+    }
+    static float v[4], out[4];
+    static int done;
+    double t0 = dshim_now();
+    if (dshim_ps_worker_push_cb(node, 0, 3, 0, v, sizeof(v), 1, out, sizeof(out), silent_done, &done) != DSHIM_OK) {
+        return 7;
+    }
+    while (__atomic_load_n(&done, __ATOMIC_ACQUIRE) == 0 && dshim_now() - t0 < 20) {
+        usleep(10 * 1000);
+    }
+    double took = dshim_now() - t0;
+    const char *f = dshim_ps_failure(node);
+    int rc = done == 2 && took >= e.timeout_s && f != NULL && strstr(f, "no answer from server 0") != NULL &&
+                     strstr(f, "to its pushpull of key 3 (round 1)") != NULL &&
+                     strstr(f, "the server is stopped or stuck") != NULL ? 22 : 8;
+    if (rc != 22) {
+        fprintf(stderr, "worker: callback %d after %.1f s, failure '%s'\n", done, took, f ? f : "none");
+    }
+    dshim_ps_node_finish(node, 1);
+    return rc;
+}
+
+START_TEST(a_silent_server_times_out_on_the_worker)
+{
+    server_sleeps = 2;
+    job_timeout_s = 1;
+    job_t job;
+    ck_assert_int_eq(pipe(sleeper_pipe), 0);
+    start(&job, ck_free_port(), 1, 1, 4, -1);
+    pid_t server = 0;
+    ck_assert_int_eq(read(sleeper_pipe[0], &server, sizeof(server)), (int)sizeof(server));
+    int worker_rc = wait_code(job.pids[2]);
+    kill(server, SIGKILL);
+    for (int i = 0; i < 2; i++) {
+        wait_code(job.pids[i]);
+    }
+    close(sleeper_pipe[0]);
+    close(sleeper_pipe[1]);
+    server_sleeps = 0;
+    job_timeout_s = 30;
+    ck_assert_msg(worker_rc == 22, "the worker exited with %d, expected 22 (its own timeout naming the server)",
+                  worker_rc);
 }
 END_TEST
 
@@ -718,6 +845,8 @@ int main(void)
     tcase_add_test(tc, row_sparse_rows_summed_and_pulled);
     tcase_add_test(tc, row_sparse_row_outside_a_part_is_refused);
     tcase_add_test(tc, killed_worker_ends_everyone);
+    tcase_add_test(tc, a_worker_that_never_pushes_is_named_by_the_server);
+    tcase_add_test(tc, a_silent_server_times_out_on_the_worker);
     tcase_add_test(tc, requests_to_a_dead_server_end_once);
     tcase_add_test(tc, every_mxnet_dtype_sums_as_merged_plus_recved);
     tcase_add_test(tc, ps_verbose_lines_go_through_dshims_log);

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -801,6 +803,61 @@ START_TEST(test_failure_answers_waiters)
 }
 END_TEST
 
+/* Patience (dshim_store_patience): with the store's host stopped, a call
+ * gives up after the bound with DSHIM_ERR_TIMEOUT instead of the store's
+ * full timeout, and once the host runs again the same connection still
+ * works: the late reply is dropped, the next answers are the right ones. */
+START_TEST(test_patience_with_stopped_host)
+{
+    int port = ck_free_port();
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    pid_t host = fork();
+    ck_assert_int_ge(host, 0);
+    if (host == 0) {
+        dshim_store_server_t *srv = NULL;
+        char ok = dshim_store_server_start("127.0.0.1", port, TOKEN, &srv, NULL) == DSHIM_OK ? 'y' : 'n';
+        (void)!write(ready[1], &ok, 1);
+        for (;;) {
+            pause();
+        }
+    }
+    char ok = 0;
+    ck_assert_int_eq(read(ready[0], &ok, 1), 1);
+    ck_assert_int_eq(ok, 'y');
+    dshim_store_t *s = connect_ok(port);
+    ck_assert_int_eq(dshim_store_set(s, "before", "1", 1), DSHIM_OK);
+    kill(host, SIGSTOP);
+    double prev = dshim_store_patience(0.3);
+    double t0 = now_s();
+    dshim_status_t st = dshim_store_set(s, "during", "2", 1);
+    double waited = now_s() - t0;
+    ck_assert_int_eq(st, DSHIM_ERR_TIMEOUT);
+    ck_assert_msg(waited >= 0.25 && waited < 2.0, "gave up after %.2f s", waited);
+    ck_assert_msg(strstr(dshim_last_error(), "did not answer set of key 'during' within 0.3 s"), "%s",
+                  dshim_last_error());
+    void *v = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(dshim_store_try_get(s, "before", &v, &n), DSHIM_ERR_TIMEOUT);
+    ck_assert_int_eq(dshim_store_usable(s), 1);
+    kill(host, SIGCONT);
+    dshim_store_patience(prev);
+    /* the two late replies are dropped; these answers are their own */
+    ck_assert_int_eq(dshim_store_try_get(s, "during", &v, &n), DSHIM_OK);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_int_eq(((char *)v)[0], '2');
+    free(v);
+    expect_value(s, "before", "1");
+    int64_t sum = 0;
+    ck_assert_int_eq(dshim_store_add(s, "counter", 5, &sum), DSHIM_OK);
+    ck_assert_int_eq((int)sum, 5);
+    ck_assert_int_eq(dshim_store_patience(0), 0);
+    dshim_store_close(s);
+    kill(host, SIGKILL);
+    waitpid(host, NULL, 0);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
     Suite *su = suite_create("store");
@@ -823,6 +880,7 @@ static Suite *store_suite(void)
         {"connect_timeout", test_connect_timeout, 20},
         {"stop_while_waiting", test_stop_while_waiting, 20},
         {"failure_answers_waiters", test_failure_answers_waiters, 20},
+        {"patience_with_stopped_host", test_patience_with_stopped_host, 20},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);
