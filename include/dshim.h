@@ -300,6 +300,11 @@ DSHIM_EXPORT void dshim_trace_label(const char *label);
 /* Writes this process's flight-recorder dump now (reason "request"), as the
  * DSHIM_TRACE_SIGNAL signal does.  DSHIM_OK also when the recorder is off. */
 DSHIM_EXPORT dshim_status_t dshim_trace_dump(void);
+/* A span of the framework's own work (torch's optimizer step) for the
+ * timeline (DSHIM_TIMELINE), on its own track of this rank; begin and end in
+ * CLOCK_MONOTONIC ns (Python: time.monotonic_ns()).  No-op when the timeline
+ * is off. */
+DSHIM_EXPORT void dshim_trace_span(const char *name, uint64_t begin_ns, uint64_t end_ns);
 
 #ifdef __cplusplus
 }

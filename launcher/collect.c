@@ -260,6 +260,9 @@ static void on_lifeline_line(void *ctx, const char *line, size_t len)
         ag.want_mode = mode;
         ag.want_sig = sig;
         ag.want_no = no;
+        char ack[16];
+        int k = snprintf(ack, sizeof(ack), "%d", no);
+        run_frame_write(1, RUN_FRAME_COLLECT_ACK, -1, 0, 0, ack, (size_t)k);
     }
 }
 
@@ -574,6 +577,7 @@ struct run_collect {
     double started, deadline;
     bool *asked;          /* per agent: sent C this round */
     bool *done;           /* per agent: Z (or gone) */
+    bool *acked;          /* per agent: A (it heard the request) */
     FILE **cur;           /* per agent: the file being received */
     ystate_t *y;          /* per process */
     char dir[PATH_MAX];
@@ -591,6 +595,7 @@ run_collect_t *run_collect_new(const run_opts_t *o, const run_plan_t *plan, int 
     c->nagents = nagents;
     c->asked = run_xmalloc((size_t)(nagents + 1) * sizeof(bool));
     c->done = run_xmalloc((size_t)(nagents + 1) * sizeof(bool));
+    c->acked = run_xmalloc((size_t)(nagents + 1) * sizeof(bool));
     c->cur = run_xmalloc((size_t)(nagents + 1) * sizeof(FILE *));
     c->y = run_xmalloc((size_t)(plan->nprocs + 1) * sizeof(ystate_t));
     return c;
@@ -608,6 +613,7 @@ void run_collect_free(run_collect_t *c)
     }
     free(c->asked);
     free(c->done);
+    free(c->acked);
     free(c->cur);
     free(c->y);
     free(c);
@@ -701,6 +707,7 @@ bool run_collect_start(run_collect_t *c, int mode, const int *fds)
     int asked = 0;
     for (int i = 0; i < c->nagents; i++) {
         c->asked[i] = false;
+        c->acked[i] = false;
         c->done[i] = true;
         if (fds[i] >= 0 && write(fds[i], cmd, (size_t)n) == n) {
             c->asked[i] = true;
@@ -720,7 +727,7 @@ bool run_collect_start(run_collect_t *c, int mode, const int *fds)
 bool run_collect_frame(run_collect_t *c, int agent, const run_frame_t *f)
 {
     if (f->kind != RUN_FRAME_DUMP && f->kind != RUN_FRAME_BYTES && f->kind != RUN_FRAME_PSTATE &&
-        f->kind != RUN_FRAME_COLLECTED) {
+        f->kind != RUN_FRAME_COLLECTED && f->kind != RUN_FRAME_COLLECT_ACK) {
         return false;
     }
     if (c == NULL || !c->active || agent < 0 || agent >= c->nagents || !c->asked[agent]) {
@@ -729,6 +736,9 @@ bool run_collect_frame(run_collect_t *c, int agent, const run_frame_t *f)
     char text[256];
     size_t tl = f->textlen < sizeof(text) - 1 ? f->textlen : sizeof(text) - 1;
     switch (f->kind) {
+    case RUN_FRAME_COLLECT_ACK:
+        c->acked[agent] = true;
+        break;
     case RUN_FRAME_DUMP:
         if (c->cur[agent]) {
             fclose(c->cur[agent]);
@@ -800,9 +810,10 @@ bool run_collect_complete(const run_collect_t *c)
     if (!run_collect_active(c)) {
         return false;
     }
+    bool ack_due = dshim_now() >= c->started + RUN_COLLECT_ACK_S;
     for (int i = 0; i < c->nagents; i++) {
-        if (!c->done[i]) {
-            return false;
+        if (!c->done[i] && (c->acked[i] || !ack_due)) {
+            return false;  /* an agent that never acknowledged is not waited for past RUN_COLLECT_ACK_S */
         }
     }
     return true;
@@ -818,7 +829,11 @@ int run_collect_wait_ms(const run_collect_t *c, int idle_ms)
     if (!run_collect_active(c) || dshim_now() >= c->deadline) {
         return idle_ms;
     }
-    double left = c->deadline - dshim_now();
+    double now = dshim_now(), next = c->deadline;
+    if (now < c->started + RUN_COLLECT_ACK_S) {
+        next = c->started + RUN_COLLECT_ACK_S;  /* to give up on agents that did not acknowledge */
+    }
+    double left = next - now;
     int ms = left <= 0 ? 0 : (int)(left * 1000) + 1;
     return ms < idle_ms ? ms : idle_ms;
 }

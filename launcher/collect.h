@@ -20,6 +20,8 @@
  *                                    "B -1 <base64>"      its bytes
  *                                    "Y <idx> <state letter> <asked> <answered>"
  *                                    "Z -1 <files>"       this agent is done
+ *   (and, as soon as the request arrives: "A -1 <no>", the acknowledgement
+ *   without which the controller stops waiting for it after RUN_COLLECT_ACK_S)
  *   The controller waits for every agent's Z, at most 1.5 s (then it stops the
  *   job anyway and takes what still comes until the agents end), stores the files
  *   in a directory of its own (after a failure: ./dshim-trace-<pid>, or under
@@ -46,12 +48,18 @@
 #define RUN_FRAME_BYTES 'B'
 #define RUN_FRAME_PSTATE 'Y'
 #define RUN_FRAME_COLLECTED 'Z'
+#define RUN_FRAME_COLLECT_ACK 'A' /* "<no>": the agent got the request (sent at once) */
 
 /* Bounds of the waits (seconds): the agent's for its processes' dumps, the
  * controller's for all agents.  The job's processes end this much later
  * after a failure, at most (tests/soak allows 2 s of slack in all). */
 #define RUN_COLLECT_AGENT_WAIT_S 1.0
 #define RUN_COLLECT_WAIT_S 1.5
+/* An agent that has not even acknowledged the request by then is taken as
+ * unreachable (its host cut off: ssh keeps the link open for minutes) and
+ * not waited for: stopping the others must not wait on a host that cannot
+ * answer. */
+#define RUN_COLLECT_ACK_S 0.3
 
 enum { RUN_COLLECT_FAILURE = 0, RUN_COLLECT_REQUEST = 1 };
 

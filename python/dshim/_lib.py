@@ -67,6 +67,7 @@ _PROTOS = {
     "dshim_comm_abort": (_int, [_vp, ctypes.c_char_p]),
     "dshim_comm_set_timeout": (_int, [_vp, ctypes.c_double]),
     "dshim_comm_set_desc": (_int, [_vp, ctypes.c_char_p]),
+    "dshim_trace_span": (None, [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64]),
     "dshim_config_get": (_int, [ctypes.c_char_p, ctypes.c_char_p, _sz]),
     "dshim_comm_rank": (_int, [_vp]),
     "dshim_comm_size": (_int, [_vp]),

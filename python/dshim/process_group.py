@@ -26,6 +26,7 @@ import datetime
 import logging
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -184,6 +185,41 @@ def _ddp_bucket_label(caller, tensors):
     return f"DDP bucket {k}".encode()
 
 
+# The optimizer step on the timeline (DSHIM_TIMELINE): it issues no collective,
+# so the backend sees it only through torch.optim's global step hooks, which
+# fire for every optimizer of the process without a change to the script.
+# Registered once, by the first group, and only while a timeline is written.
+_optimizer_hooks = None
+_optimizer_start = threading.local()
+
+
+def _time_optimizer_steps(lib):
+    global _optimizer_hooks
+    if _optimizer_hooks is not None:
+        return
+    _optimizer_hooks = ()
+    buf = ctypes.create_string_buffer(4096)
+    if lib.dshim_config_get(b"DSHIM_TIMELINE", buf, len(buf)) != 0 or not buf.value:
+        return
+    try:
+        from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                           register_optimizer_step_pre_hook)
+    except ImportError:   # torch before 2.0
+        return
+
+    def pre(optimizer, args, kwargs):
+        _optimizer_start.t = time.monotonic_ns()
+
+    def post(optimizer, args, kwargs):
+        t0 = getattr(_optimizer_start, "t", None)
+        if t0 is not None:
+            _optimizer_start.t = None
+            name = f"optimizer step ({type(optimizer).__name__})".encode()
+            lib.dshim_trace_span(name, t0, time.monotonic_ns())
+
+    _optimizer_hooks = (register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post))
+
+
 # --------------------------------------------------------------------------
 # the ProcessGroup
 # --------------------------------------------------------------------------
@@ -208,6 +244,7 @@ class DshimProcessGroup(dist.ProcessGroup):
         # "group of N" until torch names the group (setGroupName)
         self._comm = _Comm(store, rank, size, timeout_s if timeout_s > 0 else 1800.0, f"group of {size}")
         self._dshim_lib = self._comm.lib
+        _time_optimizer_steps(self._dshim_lib)
         log.info("dshim: rank %d/%d joined over %s", rank, size, self._comm.transport)
 
     # -- identity ---------------------------------------------------------------

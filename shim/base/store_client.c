@@ -29,6 +29,9 @@
 /* The hello ack gets at least this long even when the connect budget is
  * nearly spent: the TCP connection is already up. */
 #define HELLO_MIN_S 10.0
+/* A patient call's bound while replies to earlier patient calls are still
+ * owed (see store_call). */
+#define OWED_PATIENCE_S 0.05
 /* Log the "still waiting for the store" line this often. */
 #define RETRY_LOG_EVERY_S 10.0
 
@@ -231,6 +234,11 @@ static dshim_status_t store_call(dshim_store_t *s, uint32_t kind, const char *ke
                          "the connection to the rendezvous store at %s is unusable after an earlier failure (%s); "
                          "cannot %s key '%.200s'", s->where, s->broken_why, kind_name(kind), key);
         goto out;
+    }
+    if (soft_s > OWED_PATIENCE_S && s->owed > 0) {
+        /* the store has not even answered an earlier call: a silent host
+         * (stopped, cut off) is not given the full patience again */
+        soft_s = OWED_PATIENCE_S;
     }
     uint32_t seq = ++s->seq;
     dshim_store_put_u32(hdr, kind);

@@ -551,6 +551,53 @@ void dshim_trace_timeline_done(const dshim_trace_ring_info_t *ring, const dshim_
     pthread_mutex_unlock(&tl_lock);
 }
 
+/* The track of the framework's own spans (not communication): its name in
+ * tl_track's table cannot clash with a ring's (rings are "<prefix>@addr"). */
+#define TL_FRAMEWORK_TRACK "(framework)"
+
+/* A span the framework saw (torch's optimizer step) on its own track of
+ * this rank, from CLOCK_MONOTONIC ns (the clock of the ops' spans when the
+ * timeline is on).  Nothing when the timeline is off. */
+DSHIM_EXPORT void dshim_trace_span(const char *name, uint64_t begin_ns, uint64_t end_ns)
+{
+    if (!tl_timeline_on || !name || !dshim_trace_timeline_wanted()) {
+        return;
+    }
+    pthread_mutex_lock(&tl_lock);
+    if (tl.state == TL_ON && tl.pid == getpid()) {
+        tl_track_t *t = tl_track(TL_FRAMEWORK_TRACK);
+        if (t) {
+            char line[TL_LINE_MAX], esc[DSHIM_TRACE_LABEL_LEN * 6 + 1];
+            if (!t->announced) {
+                int n = snprintf(line, sizeof(line),
+                                 ",{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":"
+                                 "\"framework (seen by dshim)\"}}\n",
+                                 tl.file_pid, t->tid);
+                if (n > 0 && (size_t)n < sizeof(line)) {
+                    tl_append(line, (size_t)n);
+                }
+                t->announced = 1;
+            }
+            char cut[DSHIM_TRACE_LABEL_LEN];
+            snprintf(cut, sizeof(cut), "%s", name);
+            dshim_trace_json_escape(esc, sizeof(esc), cut);
+            uint64_t start = begin_ns, end = end_ns > begin_ns ? end_ns : begin_ns;
+            uint64_t ts = start >= tl.mono0 ? tl.real0 + (start - tl.mono0) : tl.real0 - (tl.mono0 - start);
+            char tsbuf[32], durbuf[32];
+            fmt_us(tsbuf, sizeof(tsbuf), ts);
+            fmt_us(durbuf, sizeof(durbuf), end - start);
+            int n = snprintf(line, sizeof(line),
+                             ",{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%s,\"dur\":%s,\"name\":\"%s\","
+                             "\"cat\":\"framework\",\"args\":{\"label\":\"%s\"}}\n",
+                             tl.file_pid, t->tid, tsbuf, durbuf, esc, esc);
+            if (n > 0 && (size_t)n < sizeof(line)) {
+                tl_append(line, (size_t)n);
+            }
+        }
+    }
+    pthread_mutex_unlock(&tl_lock);
+}
+
 void dshim_trace_timeline_flush(void)
 {
     if (!dshim_trace_timeline_wanted() || !tl_timeline_on) {

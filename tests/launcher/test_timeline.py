@@ -38,7 +38,12 @@ def summary_counts(text):
 
 
 def spans(doc):
-    return [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    """The communication spans (the framework's own, e.g. the optimizer step, aside)."""
+    return [e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") != "framework"]
+
+
+def framework_spans(doc):
+    return [e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") == "framework"]
 
 
 def process_names(doc):
@@ -82,6 +87,10 @@ def test_ddp_timeline_has_one_span_per_summarized_op(run, workdir, no_leftovers)
     # the backend labels DDP's gradient buckets (python/dshim): they name the spans
     assert any(e["name"].startswith("DDP bucket") for e in spans(doc)), collections.Counter(
         e["name"] for e in spans(doc))
+    # torch's optimizer steps, seen through torch.optim's global hooks, on their own track per rank
+    steps = collections.Counter(e["pid"] for e in framework_spans(doc) if e["name"] == "optimizer step (SGD)")
+    assert set(steps) == {0, 1} and min(steps.values()) >= 1, collections.Counter(
+        (e["pid"], e["name"]) for e in framework_spans(doc))
     # on every rank, the same op numbers in the same order (seq per communicator)
     for pid in (0, 1):
         seqs = [e["args"]["seq"] for e in sorted(spans(doc), key=lambda e: e["ts"]) if e["pid"] == pid]

@@ -52,6 +52,7 @@ from ports import free_port  # noqa: E402
 TIMEOUT_S = 5.0          # DSHIM_TIMEOUT given to every job
 END_SLACK_S = 2.0        # every process gone within TIMEOUT_S + END_SLACK_S of the fault
 LAUNCHER_GRACE_S = 5.0   # DSHIM_RUN_KILL_GRACE's default: the controller's wait for an unreachable agent
+COLLECT_WAIT_S = 1.5        # the controller's wait for dumps before it stops a failed job (launcher/collect.h)
 READY_WAIT_S = 90.0      # start-up under load (2 cores, a test run beside us)
 ALL_KINDS = ["torch-none", "mx-none", "torch-kill", "mx-kill", "torch-stop",
              "torch-garbage", "mx-garbage", "torch-netcut"]
@@ -411,8 +412,9 @@ class Run:
             self.problems.append("the job's processes ended %.2f s after the fault, over %g s" % (
                 self.t_procs_end - self.t_fault, limit))
         # dshim-run (controller and agents): as fast, except across a cut link, where the controller
-        # cannot hear the far agent and gives it DSHIM_RUN_KILL_GRACE + 2 s (docs/launcher.md)
-        llimit = limit + (LAUNCHER_GRACE_S + 2.0 if self.fault == "netcut" else 0.0)
+        # first waits for the far agent's flight-recorder dumps (RUN_COLLECT_WAIT_S, launcher/collect.h),
+        # then gives it DSHIM_RUN_KILL_GRACE + 2 s (docs/launcher.md)
+        llimit = limit + (COLLECT_WAIT_S + LAUNCHER_GRACE_S + 2.0 if self.fault == "netcut" else 0.0)
         if self.t_end - self.t_fault > llimit:
             self.problems.append("dshim-run ended %.2f s after the fault, over %g s" % (
                 self.t_end - self.t_fault, llimit))
