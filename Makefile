@@ -28,6 +28,7 @@ demo: setup build
 bench: setup build
 	@.venv/bin/python bench/run_bench.py --build $(BUILD) --venv .venv --np 2,4 \
 	    --sizes 4K,64K,1M,16M,64M --reps 3 --out docs/benchmarks.md
+	@python3 bench/recorder_bench.py --build $(BUILD) --np 2,4 --reps 7 --out docs/benchmarks.md
 
 # PyTorch DDP step and tiny all_reduce, backend "dshim" vs gloo, 2 and 4 processes, interleaved;
 # replaces the section "## PyTorch DDP: dshim vs gloo" of docs/benchmarks.md (~5 min on 2 cores)

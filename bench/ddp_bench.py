@@ -624,14 +624,14 @@ class Report:
         return "\n".join(lines).rstrip() + "\n"
 
 
-def replace_section(path, text):
+def replace_section(path, text, section=SECTION):
     """Replaces the section (up to the next '## ' heading) or appends it; the rest stays."""
     old = ""
     if os.path.exists(path):
         with open(path) as f:
             old = f.read()
     lines = old.splitlines(keepends=True)
-    start = next((i for i, l in enumerate(lines) if l.rstrip() == SECTION), None)
+    start = next((i for i, l in enumerate(lines) if l.rstrip() == section), None)
     if start is None:
         new = old.rstrip("\n") + ("\n\n" if old.strip() else "") + text
     else:

@@ -109,10 +109,11 @@ int run_frame_parse(const char *line, size_t len, run_frame_t *f)
     case 'R':
     case 'T':
     case 'Q':
-    case 'D':  /* D, B, Y, Z: flight-recorder dumps (collect.h) */
+    case 'D':  /* D, B, Y, Z, A: flight-recorder dumps (collect.h) */
     case 'B':
     case 'Y':
     case 'Z':
+    case 'A':
         p = field(p, end, &v);
         if (p == NULL) {
             return -1;

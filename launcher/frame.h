@@ -18,6 +18,7 @@
  *   B -1 <base64>               its bytes
  *   Y <idx> <state> <asked> <answered>  process idx when the dumps were asked for
  *   Z -1 <n> <files>            the agent's answer to collection n is complete
+ *   A -1 <n>                    the agent got the request for collection n (sent at once)
  */
 #ifndef DSHIM_RUN_FRAME_H
 #define DSHIM_RUN_FRAME_H

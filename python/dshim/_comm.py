@@ -261,6 +261,7 @@ class _Comm:
         self._q = queue.SimpleQueue()
         self._thread = None
         self._thread_lock = threading.Lock()
+        self._generation = 0              # of the completion thread (_hand_over)
         self._ops = collections.deque()   # issued and not finished, oldest first (names them at exit)
         self._ops_lock = threading.Lock()
         self._seq = 0
@@ -397,6 +398,8 @@ class _Comm:
         op.result = result
         if self._thread is None:
             self._start_thread()
+        elif self._thread is threading.current_thread():
+            self._hand_over()
         self._q.put(op)
         return fut
 
@@ -407,12 +410,26 @@ class _Comm:
                 t.start()
                 self._thread = t
 
-    def _complete_main(self):
+    def _hand_over(self):
+        """A Future's callback, which the completion thread runs, issued an operation -- and may wait
+        for it (PowerSGD's DDP hook does, in then()), which only a completion thread can complete: a
+        new thread takes over the queue, and this one ends when its callback returns.  (gloo runs
+        callbacks in its 2 worker threads, and hangs once both wait in one: PowerSGD on 2 buckets.)"""
+        with self._thread_lock:
+            self._generation += 1
+            t = threading.Thread(target=self._complete_main, args=(self._generation,),
+                                 name=f"dshim-complete-{self.desc}", daemon=True)
+            self._thread = t
+            t.start()
+
+    def _complete_main(self, generation=0):
         lib = self.lib
         q = self._q
         wait = lib.dshim_wait
         free = lib.dshim_request_free
         while True:
+            if self._generation != generation:
+                return   # a callback this thread ran handed the queue to a new thread (_hand_over)
             op = q.get()
             if op is None:
                 return

@@ -133,7 +133,11 @@ class DshimWork(dist.Work):
     def result(self):
         self.wait()
         r = self._result
-        return r if isinstance(r, list) else []
+        if not isinstance(r, list):
+            return []
+        if any(isinstance(x, list) for x in r):   # gloo's words (allgather_into_tensor_coalesced)
+            raise RuntimeError("work result does not support list of lists, use .getFuture() and value()")
+        return r
 
     def synchronize(self):
         pass   # results are on their device when the operation completes

@@ -31,6 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from . import _builtin_hooks
 from . import _dtypes as D
 from . import _lib
 from . import _monitored
@@ -501,7 +502,8 @@ class DshimProcessGroup(dist.ProcessGroup):
             fn = lib.dshim_allgatherv if sync else lib.dshim_iallgatherv
             calls = ((fn, (src.data_ptr(), base, _lib.size_array(counts),
                            _lib.size_array(_cumsum(counts)), D.BYTES)),)
-        return self._go("all_gather", opts, calls, stage, output_tensors, inputs=[inp])
+        # the Future's value: the list of outputs, as gloo's Work gives it
+        return self._go("all_gather", opts, calls, stage, list(outs), inputs=[inp])
 
     def _allgather_base(self, output, input, opts=None):
         return self._gather_into("all_gather_into_tensor", [output], [input], opts)
@@ -523,7 +525,22 @@ class DshimProcessGroup(dist.ProcessGroup):
             src = stage.input(inp)
             dst = stage.output(out)
             calls.append((fn, (src.data_ptr(), dst.data_ptr(), _nbytes(src), D.BYTES)))
-        return self._go(name, opts, calls, stage, outputs, inputs=list(inputs))
+        return self._go(name, opts, calls, stage, self._gathered_value(outputs, inputs), inputs=list(inputs))
+
+    def _gathered_value(self, outputs, inputs):
+        """The Future's value of all_gather_into_tensor(_coalesced), as gloo's: gloo gathers into the
+        output's per-rank chunks along dim 0 and answers those views -- [chunk 0, chunk 1, ...] for
+        one tensor, [[every output's chunk 0], [... chunk 1], ...] for several.  Output shapes gloo
+        refuses (flat, stacked) and groups carried for NCCL answer the outputs, as NCCL does."""
+        n = self._size
+        if self._observed_backend == "nccl" or not all(
+                i.dim() >= 1 and i.shape[0] > 0 and tuple(o.shape) == (n * i.shape[0],) + tuple(i.shape[1:])
+                for o, i in zip(outputs, inputs)):
+            return list(outputs)
+        chunks = [o.split(i.shape[0]) for o, i in zip(outputs, inputs)]
+        if len(outputs) == 1:
+            return list(chunks[0])
+        return [[c[r] for c in chunks] for r in range(n)]
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """torch's layout (gloo's too): output_lists[r] holds rank r's copy of
@@ -723,7 +740,9 @@ class DshimProcessGroup(dist.ProcessGroup):
         lib = self._dshim_lib
         fn = lib.dshim_gather if not _is_async(opts) else lib.dshim_igather
         calls = ((fn, (src.data_ptr(), recv, nb, D.BYTES, root)),)
-        return self._go("gather", opts, calls, stage, output_tensors, inputs=[inp])
+        # the Future's value, as gloo's: the root's list of outputs, an empty list elsewhere
+        result = list(output_tensors[0]) if root == self._rank else []
+        return self._go("gather", opts, calls, stage, result, inputs=[inp])
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         out = _as_list(output_tensors)
@@ -844,4 +863,6 @@ def create_process_group(store, rank, size, timeout):
     # dist.monitored_barrier on a group created as "dshim" by name (torch's own
     # guard lets only "gloo" through; the takeover's groups already answer "gloo")
     _monitored.let_torch_call_dshim()
+    # ddp._register_builtin_comm_hook(FP16_COMPRESS) on a dshim group: _builtin_hooks.py
+    _builtin_hooks.install()
     return pg

@@ -599,9 +599,12 @@ static void describe(const model_t *m, const comm_t *c, int r, const dshim_trace
     if (w && !is_p2p(pe->op) && pe->seq == w->seq && strcmp(pe->op, w->op) != 0) {
         snprintf(out, cap, "%sis now in %s%s: not the collective the others called", last, a, args);
     } else if (w && !is_p2p(pe->op) && pe->seq == w->seq) {
+        /* the framework calls too, when they differ: they usually tell the bug
+         * ("from DDP bucket 0" where the others have "from torch all_reduce") */
         char wargs[320];
-        fmt_args(w, 0, wargs, sizeof(wargs));
-        fmt_args(pe, 0, b, sizeof(b));
+        int labels = strcmp(pe->label, w->label) != 0;
+        fmt_args(w, labels, wargs, sizeof(wargs));
+        fmt_args(pe, labels, b, sizeof(b));
         snprintf(out, cap, "is in %s too but with %s where the others have %s: the calls do not match", a,
                  unparen(b), unparen(wargs));
     } else {

@@ -5,8 +5,7 @@ a "gloo" group is up to the environment (LD_PRELOAD=libdshim.so: the takeover). 
 
 - hooks: one small DDP model per communication hook -- the built-in C++ hooks ALLREDUCE and
   FP16_COMPRESS (ddp._register_builtin_comm_hook), and the Python hooks of
-  torch.distributed.algorithms.ddp_comm_hooks (allreduce, fp16/bf16 compression, PowerSGD, batched
-  PowerSGD) -- trained for STEPS SGD steps on per-rank data; every step's gradients go to
+  torch.distributed.algorithms.ddp_comm_hooks (allreduce, fp16/bf16 compression, PowerSGD) -- trained for STEPS SGD steps on per-rank data; every step's gradients go to
   OUT_DIR/rank<R>.pt, the comm hook's name in DDP's logging data to the RESULT line.
 - futures: every collective with async_op=True and Work.get_future().wait(): what the value is,
   as a structure of lists and tensors, each tensor described by shape, dtype and which of the
@@ -55,19 +54,19 @@ def _register(ddp, name):
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif name == "bf16_compress_hook":
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    elif name in ("powerSGD_hook", "batched_powerSGD_hook"):
+    elif name == "powerSGD_hook":
         # compression from the 3rd step on (start_powerSGD_iter), with error feedback and warm start:
         # both all_reduces of a step run in then() callbacks that wait for an all_reduce of their own
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                             start_powerSGD_iter=2, min_compression_rate=0.5,
                                             use_error_feedback=True, warm_start=True, random_seed=7)
-        ddp.register_comm_hook(state, getattr(powerSGD_hook, name))
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     elif name != "none":
         raise ValueError(name)
 
 
 HOOKS = ["none", "builtin ALLREDUCE", "builtin FP16_COMPRESS", "allreduce_hook", "fp16_compress_hook",
-         "bf16_compress_hook", "powerSGD_hook", "batched_powerSGD_hook"]
+         "bf16_compress_hook", "powerSGD_hook"]
 
 
 def sc_hooks(out_dir):
@@ -78,7 +77,9 @@ def sc_hooks(out_dir):
     grads = {}
     names = {}
     for hook in HOOKS:
-        ddp = DDP(_model(), bucket_cap_mb=0.001)   # several buckets
+        # several buckets, but one for PowerSGD: its then() callbacks wait for all_reduces of their own,
+        # and with several buckets torch's gloo hangs (each of its 2 threads blocked in a callback)
+        ddp = DDP(_model(), bucket_cap_mb=25 if "powerSGD" in hook else 0.001)
         _register(ddp, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         steps = []

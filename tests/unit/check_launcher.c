@@ -175,6 +175,9 @@ START_TEST(frames_roundtrip)
     ck_assert(f.kind == 'Y' && f.idx == 3 && strncmp(f.text, "T 0 0", f.textlen) == 0);
     ck_assert_int_eq(run_frame_parse("\x1eZ -1 4 2", 9, &f), 0);
     ck_assert(f.kind == 'Z' && f.textlen == 3);
+    /* the acknowledgement: a frame, not a line of output (it was printed as one) */
+    ck_assert_int_eq(run_frame_parse("\x1e" "A -1 4", 6, &f), 0);
+    ck_assert(f.kind == 'A' && f.idx == -1 && strncmp(f.text, "4", f.textlen) == 0);
 }
 END_TEST
 
