@@ -4,7 +4,7 @@ BUILD      ?= build
 JOBS       ?= 2
 CMAKE_ARGS ?=
 
-.PHONY: all setup build test test-fast demo bench bench-torch bench-mxnet env-doc wheel install clean
+.PHONY: all setup build test test-fast demo bench bench-scale bench-torch bench-mxnet env-doc wheel install clean
 
 all: build
 
@@ -29,6 +29,14 @@ bench: setup build
 	@.venv/bin/python bench/run_bench.py --build $(BUILD) --venv .venv --np 2,4 \
 	    --sizes 4K,64K,1M,16M,64M --reps 3 --out docs/benchmarks.md
 	@python3 bench/recorder_bench.py --build $(BUILD) --np 2,4 --reps 7 --out docs/benchmarks.md
+
+# Start-up, barrier, 4 KiB and 1 MiB allreduce for N = 2..64 ranks on this machine, dshim vs OpenMPI vs
+# gloo (N <= 16), interleaved, plus dshim's start-up census (store requests, connections per rank);
+# replaces the section "## Scaling with the number of ranks" of docs/benchmarks.md and writes
+# docs/bench-scale.png (~8 min on 2 cores)
+bench-scale: setup build
+	@.venv/bin/python bench/scale_bench.py --build $(BUILD) --venv .venv --np 2,4,8,16,32,64 --reps 2 \
+	    --out docs/benchmarks.md --plot docs/bench-scale.png
 
 # PyTorch DDP step and tiny all_reduce, backend "dshim" vs gloo, 2 and 4 processes, interleaved;
 # replaces the section "## PyTorch DDP: dshim vs gloo" of docs/benchmarks.md (~5 min on 2 cores)

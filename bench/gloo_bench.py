@@ -19,7 +19,13 @@ timed, so repeated SUMs neither overflow nor produce denormals.
 
 Rank 0 appends one JSON object per size to the -j file:
   {"impl":"gloo","transport":"tcp","np":2,"op":"allreduce","dtype":"float32",
-   "bytes":4096,"iters":K,"time_us":MEDIAN,"min_us":MIN,"algbw":..,"busbw":..}
+   "bytes":4096,"iters":K,"time_us":MEDIAN,"min_us":MIN,"algbw":..,"busbw":..,
+   "init_us":..,"init_span_us":..}
+init_us is init_process_group's duration, max over ranks; init_span_us the
+span from the first rank's call to the last rank's return (time.monotonic is
+CLOCK_MONOTONIC, one clock for every process of a host), as dshim-bench and
+bench/mpi_bench.c measure their own start-up.  --barrier first times
+dist.barrier() the same way (one object with op "barrier", bytes 0).
 """
 import argparse
 import json
@@ -68,7 +74,7 @@ def launch(args):
                    GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker",
                "--sizes", args.sizes, "--min-time", str(args.min_time),
-               "--timeout", str(args.timeout)]
+               "--timeout", str(args.timeout)] + (["--barrier"] if args.barrier else [])
         if args.json:
             cmd += ["-j", os.path.abspath(args.json)]
         procs.append(subprocess.Popen(cmd, env=env))
@@ -151,6 +157,36 @@ def bench_size(dist, torch, size, rank, n, min_time):
                 busbw=algbw * 2.0 * (n - 1) / n)
 
 
+def bench_barrier(dist, torch, n, min_time):
+    """dist.barrier() timed like one allreduce size (warm-up, rank 0's count, max over ranks)."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    warm = 0
+    flag = torch.zeros(1, dtype=torch.int32)
+    while True:
+        dist.barrier()
+        warm += 1
+        flag[0] = 1 if (warm >= MIN_ITERS and time.perf_counter() - t0 >= WARM_MIN_S) else 0
+        dist.broadcast(flag, src=0)
+        if flag.item():
+            break
+    t_warm = (time.perf_counter() - t0) / warm
+    it = torch.tensor([min(MAX_ITERS, max(MIN_ITERS, math.ceil(min_time / t_warm)))],
+                      dtype=torch.int64)
+    dist.broadcast(it, src=0)
+    iters = int(it.item())
+    times = torch.zeros(iters, dtype=torch.float64)
+    dist.barrier()
+    for i in range(iters):
+        s = time.perf_counter()
+        dist.barrier()
+        times[i] = time.perf_counter() - s
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    tl = times.tolist()
+    return dict(impl="gloo", transport="tcp", np=n, op="barrier", bytes=0, iters=iters,
+                time_us=round(statistics.median(tl) * 1e6, 3), min_us=round(min(tl) * 1e6, 3))
+
+
 def work(args):
     import datetime
 
@@ -160,15 +196,34 @@ def work(args):
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     n = int(os.environ["WORLD_SIZE"])
+    t0 = time.monotonic()
     dist.init_process_group("gloo", rank=rank, world_size=n,
                             timeout=datetime.timedelta(seconds=args.timeout))
+    t1 = time.monotonic()
+    # start-up cost, measured as dshim-bench measures dshim_comm_init_env
+    init = torch.tensor([t1 - t0, -t0, t1], dtype=torch.float64)
+    dist.all_reduce(init, op=dist.ReduceOp.MAX)
+    init_rec = dict(init_us=round(float(init[0]) * 1e6, 1),
+                    init_span_us=round(float(init[2] + init[1]) * 1e6, 1))
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if rank == 0:
         print(f"# gloo allreduce float32 sum, np={n}, torch {torch.__version__}", flush=True)
+        print(f"# init: init_process_group {init_rec['init_us']:.1f} us (max over ranks), first call "
+              f"to last return {init_rec['init_span_us']:.1f} us", flush=True)
         print(f"{'bytes':>12} {'iters':>6} {'time_us':>12} {'min_us':>12} {'algbw':>10} {'busbw':>10}",
               flush=True)
+    if args.barrier:
+        rec = bench_barrier(dist, torch, n, args.min_time)
+        rec.update(init_rec)
+        if rank == 0:
+            print(f"{'barrier':>12} {rec['iters']:>6} {rec['time_us']:>12.1f} {rec['min_us']:>12.1f}",
+                  flush=True)
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
     for size in sizes:
         rec = bench_size(dist, torch, size, rank, n, args.min_time)
+        rec.update(init_rec)
         if rank == 0:
             print(f"{size:>12} {rec['iters']:>6} {rec['time_us']:>12.1f} {rec['min_us']:>12.1f} "
                   f"{rec['algbw']:>10.3f} {rec['busbw']:>10.3f}", flush=True)
@@ -192,6 +247,8 @@ def main():
                     help="timed seconds per size (iteration count is derived from it)")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="seconds before the launcher kills every rank")
+    ap.add_argument("--barrier", action="store_true",
+                    help="before the sizes, time dist.barrier() the same way (op barrier, bytes 0)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     for s in args.sizes.split(","):

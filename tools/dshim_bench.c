@@ -37,6 +37,7 @@ typedef struct opts {
     int iters;
     double seconds;
     int check;
+    int barrier;
     const char *json;
 } opts_t;
 
@@ -93,10 +94,14 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: dshim-bench [-n NPROCS] [-o OP] [-d DTYPE] [-r REDOP] [-b MIN] [-e MAX] [-f FACTOR]\n"
-            "                   [-w WARMUP] [-i ITERS | -t SECONDS] [-c 0|1] [-j OUT.jsonl] [--no-bind] [--print-config]\n"
+            "                   [-w WARMUP] [-i ITERS | -t SECONDS] [-c 0|1] [-j OUT.jsonl] [--barrier] [--no-bind]\n"
+            "                   [--print-config]\n"
             "  OP: allreduce broadcast reduce allgather reduce_scatter alltoall (default allreduce)\n"
             "  sizes accept K/M/G suffixes; defaults -b 4K -e 64M -f 4, float32, sum, -t 1\n"
-            "  with -n N <= cores each rank is bound to one core (as mpirun does); --no-bind turns that off\n");
+            "  with -n N <= cores each rank is bound to one core (as mpirun does); --no-bind turns that off\n"
+            "  --barrier: before the sweep, time dshim_barrier the same way (one row/JSON line, op barrier, 0 bytes)\n"
+            "  every JSON line carries init_us (dshim_comm_init_env's duration, max over ranks) and\n"
+            "  init_span_us (first rank's call to last rank's return, one host's monotonic clock)\n");
 }
 
 /* bus bandwidth factor, as nccl-tests defines it */
@@ -111,25 +116,29 @@ static double bus_factor(const char *op, int n)
     return 1.0;
 }
 
-static dshim_status_t run_op(dshim_comm_t *comm, const opts_t *o, void *sbuf, void *rbuf, size_t count)
+static dshim_status_t run_op(dshim_comm_t *comm, const opts_t *o, const char *op, void *sbuf, void *rbuf,
+                             size_t count)
 {
     int n = dshim_comm_size(comm);
-    if (!strcmp(o->op, "allreduce")) {
+    if (!strcmp(op, "barrier")) {
+        return dshim_barrier(comm);
+    }
+    if (!strcmp(op, "allreduce")) {
         return dshim_allreduce(comm, sbuf, rbuf, count, o->dtype, o->redop);
     }
-    if (!strcmp(o->op, "broadcast")) {
+    if (!strcmp(op, "broadcast")) {
         return dshim_broadcast(comm, rbuf, count, o->dtype, 0);
     }
-    if (!strcmp(o->op, "reduce")) {
+    if (!strcmp(op, "reduce")) {
         return dshim_reduce(comm, sbuf, rbuf, count, o->dtype, o->redop, 0);
     }
-    if (!strcmp(o->op, "allgather")) {
+    if (!strcmp(op, "allgather")) {
         return dshim_allgather(comm, sbuf, rbuf, count / (size_t)n, o->dtype);
     }
-    if (!strcmp(o->op, "reduce_scatter")) {
+    if (!strcmp(op, "reduce_scatter")) {
         return dshim_reduce_scatter(comm, sbuf, rbuf, count / (size_t)n, o->dtype, o->redop);
     }
-    if (!strcmp(o->op, "alltoall")) {
+    if (!strcmp(op, "alltoall")) {
         return dshim_alltoall(comm, sbuf, rbuf, count / (size_t)n, o->dtype);
     }
     return DSHIM_ERR_INVALID;
@@ -150,10 +159,77 @@ static int cmp_double(const void *a, const void *b)
         }                                                                                    \
     } while (0)
 
+#define BENCH_TRY(call)                                                                      \
+    do {                                                                                     \
+        dshim_status_t st_ = (call);                                                         \
+        if (st_ != DSHIM_OK) {                                                               \
+            return st_;                                                                      \
+        }                                                                                    \
+    } while (0)
+
+/* Warm-up, then the timed loop of one operation at one size: o->warmup
+ * iterations, then more up to 0.2 s; rank 0 decides the counts so that every
+ * rank runs the same number.  *med_p = median over iterations of the
+ * per-iteration time, max over ranks. */
+static dshim_status_t time_op(dshim_comm_t *comm, const opts_t *o, const char *op, void *sbuf, void *rbuf,
+                              size_t count, int *iters_p, double *med_p)
+{
+    double t0 = now();
+    for (int w = 0; w < o->warmup; w++) {
+        BENCH_TRY(run_op(comm, o, op, sbuf, rbuf, count));
+    }
+    double t_iter = (now() - t0) / (o->warmup > 0 ? o->warmup : 1);
+    int plan[2];
+    plan[0] = t_iter > 0 ? (int)((0.2 - (now() - t0)) / t_iter) : 0;
+    plan[0] = plan[0] < 0 ? 0 : plan[0] > 10000 ? 10000 : plan[0];
+    plan[1] = o->iters > 0 ? o->iters : (int)ceil(o->seconds / (t_iter > 0 ? t_iter : 1e-6));
+    plan[1] = plan[1] < 5 ? 5 : plan[1] > 10000 ? 10000 : plan[1];
+    BENCH_TRY(dshim_broadcast(comm, plan, 2, DSHIM_INT32, 0));
+    for (int w = 0; w < plan[0]; w++) {
+        BENCH_TRY(run_op(comm, o, op, sbuf, rbuf, count));
+    }
+    int iters = plan[1];
+    double *times = malloc(sizeof(double) * (size_t)iters);
+    double *tmax = malloc(sizeof(double) * (size_t)iters);
+    dshim_status_t st = DSHIM_OK;
+    if (!times || !tmax) {
+        fprintf(stderr, "dshim-bench: out of memory\n");
+        st = DSHIM_ERR_NOMEM;
+        goto out;
+    }
+    st = dshim_barrier(comm);
+    for (int i = 0; i < iters && st == DSHIM_OK; i++) {
+        double a = now();
+        st = run_op(comm, o, op, sbuf, rbuf, count);
+        times[i] = now() - a;
+    }
+    if (st == DSHIM_OK) {
+        st = dshim_allreduce(comm, times, tmax, (size_t)iters, DSHIM_FLOAT64, DSHIM_MAX);
+    }
+    if (st == DSHIM_OK) {
+        qsort(tmax, (size_t)iters, sizeof(double), cmp_double);
+        *med_p = tmax[iters / 2];
+        *iters_p = iters;
+    }
+out:
+    free(times);
+    free(tmax);
+    return st;
+}
+
 static int rank_main(const opts_t *o)
 {
     dshim_comm_t *comm;
+    /* start-up cost: each rank times its own dshim_comm_init_env (it waits
+     * for the ranks that come later, so the max is the job's start-up);
+     * CLOCK_MONOTONIC is one clock for every process of a host, so
+     * max(end) - min(start) is the span from the first call to the last return */
+    double init_t0 = now();
     CHECK_OR_DIE(dshim_comm_init_env(&comm));
+    double init_t1 = now();
+    double init_in[3] = {init_t1 - init_t0, -init_t0, init_t1}, init_out[3];
+    CHECK_OR_DIE(dshim_allreduce(comm, init_in, init_out, 3, DSHIM_FLOAT64, DSHIM_MAX));
+    double init_us = init_out[0] * 1e6, init_span_us = (init_out[2] + init_out[1]) * 1e6;
     int rank = dshim_comm_rank(comm), n = dshim_comm_size(comm);
     size_t es = dshim_dtype_size(o->dtype);
     size_t max_alloc = o->max_bytes + (size_t)n * es;
@@ -176,8 +252,26 @@ static int rank_main(const opts_t *o)
         }
         printf("# dshim-bench %s %s %s, %d ranks, transport %s\n", o->op, dshim_dtype_name(o->dtype),
                dshim_redop_name(o->redop), n, transport);
+        printf("# init: dshim_comm_init_env %.1f us (max over ranks), first call to last return %.1f us\n", init_us,
+               init_span_us);
         printf("# %12s %12s %8s %12s %10s %10s %6s\n", "size(B)", "count", "iters", "time(us)", "algbw(GB/s)",
                "busbw(GB/s)", "check");
+    }
+    if (o->barrier) {
+        int iters = 0;
+        double med = 0;
+        CHECK_OR_DIE(time_op(comm, o, "barrier", NULL, NULL, 0, &iters, &med));
+        if (rank == 0) {
+            printf("  %12s %12d %8d %12.2f %10s %10s %6s\n", "barrier", 0, iters, med * 1e6, "-", "-", "-");
+            fflush(stdout);
+            if (json) {
+                fprintf(json,
+                        "{\"impl\":\"dshim\",\"transport\":\"%s\",\"np\":%d,\"op\":\"barrier\",\"bytes\":0,"
+                        "\"iters\":%d,\"time_us\":%.3f,\"init_us\":%.1f,\"init_span_us\":%.1f}\n",
+                        transport, n, iters, med * 1e6, init_us, init_span_us);
+                fflush(json);
+            }
+        }
     }
     for (size_t bytes = o->min_bytes; bytes <= o->max_bytes; bytes = (size_t)ceil((double)bytes * o->factor)) {
         size_t count = bytes / es;
@@ -191,7 +285,7 @@ static int rank_main(const opts_t *o)
             for (size_t i = 0; i < count; i++) {
                 sbuf[i] = (float)(rank + 1);
             }
-            CHECK_OR_DIE(run_op(comm, o, sbuf, rbuf, count));
+            CHECK_OR_DIE(run_op(comm, o, o->op, sbuf, rbuf, count));
             float want = (float)n * (float)(n + 1) / 2.0f;
             int bad = 0;
             for (size_t i = 0; i < count; i++) {
@@ -202,38 +296,9 @@ static int rank_main(const opts_t *o)
             chk = allbad ? "FAIL" : "ok";
             memset(sbuf, 0, bytes);
         }
-        /* warm-up: o->warmup iterations, then more up to 0.2 s; rank 0
-         * decides the counts so that every rank runs the same number */
-        double t0 = now();
-        for (int w = 0; w < o->warmup; w++) {
-            CHECK_OR_DIE(run_op(comm, o, sbuf, rbuf, count));
-        }
-        double t_iter = (now() - t0) / (o->warmup > 0 ? o->warmup : 1);
-        int plan[2];
-        plan[0] = t_iter > 0 ? (int)((0.2 - (now() - t0)) / t_iter) : 0;
-        plan[0] = plan[0] < 0 ? 0 : plan[0] > 10000 ? 10000 : plan[0];
-        plan[1] = o->iters > 0 ? o->iters : (int)ceil(o->seconds / (t_iter > 0 ? t_iter : 1e-6));
-        plan[1] = plan[1] < 5 ? 5 : plan[1] > 10000 ? 10000 : plan[1];
-        CHECK_OR_DIE(dshim_broadcast(comm, plan, 2, DSHIM_INT32, 0));
-        for (int w = 0; w < plan[0]; w++) {
-            CHECK_OR_DIE(run_op(comm, o, sbuf, rbuf, count));
-        }
-        int iters = plan[1];
-        double *times = malloc(sizeof(double) * (size_t)iters);
-        double *tmax = malloc(sizeof(double) * (size_t)iters);
-        if (!times || !tmax) {
-            fprintf(stderr, "dshim-bench: out of memory\n");
-            return 1;
-        }
-        CHECK_OR_DIE(dshim_barrier(comm));
-        for (int i = 0; i < iters; i++) {
-            double a = now();
-            CHECK_OR_DIE(run_op(comm, o, sbuf, rbuf, count));
-            times[i] = now() - a;
-        }
-        CHECK_OR_DIE(dshim_allreduce(comm, times, tmax, (size_t)iters, DSHIM_FLOAT64, DSHIM_MAX));
-        qsort(tmax, (size_t)iters, sizeof(double), cmp_double);
-        double med = tmax[iters / 2];
+        int iters = 0;
+        double med = 0;
+        CHECK_OR_DIE(time_op(comm, o, o->op, sbuf, rbuf, count, &iters, &med));
         double moved = (double)(count * es);
         double algbw = moved / med / 1e9, busbw = algbw * bus_factor(o->op, n);
         if (rank == 0) {
@@ -243,14 +308,13 @@ static int rank_main(const opts_t *o)
             if (json) {
                 fprintf(json,
                         "{\"impl\":\"dshim\",\"transport\":\"%s\",\"np\":%d,\"op\":\"%s\",\"dtype\":\"%s\","
-                        "\"bytes\":%zu,\"iters\":%d,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"check\":\"%s\"}\n",
+                        "\"bytes\":%zu,\"iters\":%d,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"check\":\"%s\","
+                        "\"init_us\":%.1f,\"init_span_us\":%.1f}\n",
                         transport, n, o->op, dshim_dtype_name(o->dtype), (size_t)(count * es), iters, med * 1e6,
-                        algbw, busbw, chk);
+                        algbw, busbw, chk, init_us, init_span_us);
                 fflush(json);
             }
         }
-        free(times);
-        free(tmax);
         if (!strcmp(chk, "FAIL")) {
             fprintf(stderr, "dshim-bench: rank %d: wrong result at %zu bytes\n", rank, bytes);
             return 1;
@@ -361,10 +425,11 @@ int main(int argc, char **argv)
 {
     opts_t o = {.nprocs = 0, .min_bytes = 4096, .max_bytes = 64u << 20, .factor = 4, .op = "allreduce",
                 .dtype = DSHIM_FLOAT32, .redop = DSHIM_SUM, .warmup = 5, .iters = 0, .seconds = 1.0, .check = 1,
-                .json = NULL};
+                .barrier = 0, .json = NULL};
     int bind = 1;
     static struct option longopts[] = {{"print-config", no_argument, NULL, 'P'}, {"help", no_argument, NULL, 'h'},
                                        {"no-bind", no_argument, NULL, 'B'},
+                                       {"barrier", no_argument, NULL, 'R'},
                                        {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "+n:b:e:f:o:d:r:w:i:t:c:j:h", longopts, NULL)) != -1) {
@@ -403,6 +468,7 @@ int main(int argc, char **argv)
         case 'j': o.json = optarg; break;
         case 'P': dshim_print_config(stdout); return 0;
         case 'B': bind = 0; break;
+        case 'R': o.barrier = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -14,6 +14,16 @@
  * with other arguments, idle since its last completed op, or without a dump
  * (dead, stopped, not answering).  Ranks are world ranks (ring ranks mapped
  * with each ring line's world_rank), printed as ranges.
+ *
+ * MXNet jobs (dshim's parameter server, shim/ps/ps_trace.h) have no
+ * communicators: each process keeps its own ring ("ps/server.S",
+ * "ps/worker.W", "ps/scheduler"), read apart (ps_* below): the servers'
+ * rounds in state waiting (key, round, the workers that have not pushed),
+ * each of those workers from its own ring (its last push to that server,
+ * what it is in now) or from the launcher's account of it, the scheduler's
+ * waiting barriers, workers left unanswered by a server that waits for no
+ * one, and the job's other processes without a dump.  Processes are named
+ * by role ("server 1", "worker 0": launcher.jsonl's names, or the ring's).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -288,6 +298,14 @@ static void classify(member_t *mb)
     }
 }
 
+/* dshim's parameter server (MXNet) names its rings "ps/server.S",
+ * "ps/worker.W" and "ps/scheduler" (shim/ps/ps_trace.h): one per process,
+ * each ring its own; they are read apart from the communicators. */
+static int is_ps_ring(const char *name)
+{
+    return strncmp(name, "ps/", 3) == 0;
+}
+
 static void model_free(model_t *m)
 {
     for (int i = 0; i < m->ncomms; i++) {
@@ -320,20 +338,22 @@ static void model_build(model_t *m, const dshim_trace_set_t *set, uint64_t now)
     if (now) {
         m->now = now;
     }
-    /* a bound on members per communicator that garbage cannot inflate */
+    /* a bound on members per communicator that garbage cannot inflate: a
+     * header's world size counts only when the input is of its order (a
+     * "size":200000000 asked for 11 GB once, found by tests/fuzz) */
     int bound = 4096;
     if ((size_t)bound < 2 * set->n) {
         bound = (int)(2 * set->n);
     }
-    if (bound < m->world_size) {
+    if (bound < m->world_size && (size_t)m->world_size <= 16 * (set->n + set->nprocs)) {
         bound = m->world_size;
     }
     for (size_t i = 0; i < set->n; i++) {
         const dshim_trace_dump_t *d = &set->dumps[i];
         for (size_t k = 0; k < d->nrings; k++) {
             const dshim_trace_dring_t *r = &d->rings[k];
-            if (r->rank < 0 || r->rank >= bound) {
-                continue;
+            if (r->rank < 0 || r->rank >= bound || is_ps_ring(r->name)) {
+                continue;  /* the parameter server's rings are no communicators (ps_* below) */
             }
             comm_t *c = NULL;
             for (int j = 0; j < m->ncomms; j++) {
@@ -530,6 +550,31 @@ static double idle_s(const model_t *m, const member_t *mb)
     return age_s(m, mb->dump, l->t_done_ns ? l->t_done_ns : l->t_queued_ns);
 }
 
+/* A process without a dump, from what the launcher knows of it (p may be
+ * NULL); `seen` is appended ("" or " \xe2\x80\x94 the others wait ..."). */
+static void describe_missing(const model_t *m, const dshim_trace_proc_t *p, const char *seen, char *out, size_t cap)
+{
+    if (p == NULL || p->state == DSHIM_TRACE_PROC_UNKNOWN) {
+        snprintf(out, cap, "left no dump%s", seen);
+    } else if (p->state == DSHIM_TRACE_PROC_KILLED) {
+        const char *sn = sig_name(p->sig);
+        snprintf(out, cap, "left no dump (it died: the launcher saw it killed by signal %d%s%s)%s", p->sig,
+                 sn ? ", " : "", sn ? sn : "", seen);
+    } else if (p->state == DSHIM_TRACE_PROC_EXITED) {
+        snprintf(out, cap, "left no dump (it exited with code %d before it could write one)%s", p->code, seen);
+    } else if (p->pstate == 'T' || p->pstate == 't') {
+        snprintf(out, cap, "is alive but stopped (SIGSTOP or a debugger), so it wrote no dump%s", seen);
+    } else if (p->asked) {
+        char ws[32];
+        fmt_secs(m->set->wait_s, ws, sizeof(ws));
+        snprintf(out, cap, "is alive but did not answer the dump signal within %s (stopped, or stuck in a "
+                 "system call)%s", ws, seen);
+    } else {
+        snprintf(out, cap, "is alive but was not asked for a dump (it does not catch the dump signal: "
+                 "recorder off or dshim not loaded)%s", seen);
+    }
+}
+
 /* with_time: the idle time is named (a line about one rank); without it the
  * text is the key that puts ranks on one line. */
 static void describe(const model_t *m, const comm_t *c, int r, const dshim_trace_rec_t *w, int with_time, char *out,
@@ -538,31 +583,12 @@ static void describe(const model_t *m, const comm_t *c, int r, const dshim_trace
     const member_t *mb = &c->members[r];
     char a[64], b[320], args[320];
     if (mb->dump == NULL) {
-        const dshim_trace_proc_t *p = proc_of_rank(m->set, mb->world);
         char seen[160] = "";
         if (w) {
             fmt_opseq(w, a, sizeof(a));
             snprintf(seen, sizeof(seen), " \xe2\x80\x94 the others wait for it in %s", a);
         }
-        if (p == NULL || p->state == DSHIM_TRACE_PROC_UNKNOWN) {
-            snprintf(out, cap, "left no dump%s", seen);
-        } else if (p->state == DSHIM_TRACE_PROC_KILLED) {
-            const char *sn = sig_name(p->sig);
-            snprintf(out, cap, "left no dump (it died: the launcher saw it killed by signal %d%s%s)%s", p->sig,
-                     sn ? ", " : "", sn ? sn : "", seen);
-        } else if (p->state == DSHIM_TRACE_PROC_EXITED) {
-            snprintf(out, cap, "left no dump (it exited with code %d before it could write one)%s", p->code, seen);
-        } else if (p->pstate == 'T' || p->pstate == 't') {
-            snprintf(out, cap, "is alive but stopped (SIGSTOP or a debugger), so it wrote no dump%s", seen);
-        } else if (p->asked) {
-            char ws[32];
-            fmt_secs(m->set->wait_s, ws, sizeof(ws));
-            snprintf(out, cap, "is alive but did not answer the dump signal within %s (stopped, or stuck in a "
-                     "system call)%s", ws, seen);
-        } else {
-            snprintf(out, cap, "is alive but was not asked for a dump (it does not catch the dump signal: "
-                     "recorder off or dshim not loaded)%s", seen);
-        }
+        describe_missing(m, proc_of_rank(m->set, mb->world), seen, out, cap);
         return;
     }
     const dshim_trace_rec_t *pe = mb->pending;
@@ -827,6 +853,704 @@ static int comm_weight(const comm_t *c)
     return (pending > 0 ? 1 << 24 : 0) + (c->world_sized ? 1 << 23 : 0) + c->size * 2 + (missing > 0);
 }
 
+/* ---- MXNet: dshim's parameter server ("ps/" rings) ------------------------ */
+
+/* A scheduler, server or worker of an MXNet job: its dump and ring (NULL when
+ * no dump has it) and what the launcher knows of it ("server 1", "worker 0",
+ * "scheduler" in launcher.jsonl; NULL when unknown). */
+typedef struct {
+    const dshim_trace_dump_t *dump;
+    const dshim_trace_dring_t *ring;
+    const dshim_trace_proc_t *proc;
+    int said;  /* already named on a line */
+} ps_node_t;
+
+typedef struct {
+    ps_node_t *servers, *workers, sched;
+    int ns, nw;
+    int any;   /* some dump has a "ps/" ring */
+} ps_model_t;
+
+/* "ps/server.12" with prefix "ps/server." -> 12; -1 unless a number below bound follows */
+static int ps_index(const char *name, const char *prefix, int bound)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(name, prefix, n) != 0 || name[n] < '0' || name[n] > '9') {
+        return -1;
+    }
+    long v = 0;
+    const char *q = name + n;
+    for (; *q >= '0' && *q <= '9'; q++) {
+        v = v * 10 + (*q - '0');
+        if (v >= bound) {
+            return -1;
+        }
+    }
+    return *q == '\0' ? (int)v : -1;
+}
+
+/* The number before `word` in a ring's desc ("MXNet server 1 of 2 (3 workers)"
+ * and " workers)" -> 3); -1 when absent. */
+static int desc_count(const char *desc, const char *word)
+{
+    const char *w = strstr(desc, word);
+    if (w == NULL) {
+        return -1;
+    }
+    const char *q = w;
+    while (q > desc && q[-1] >= '0' && q[-1] <= '9' && w - q < 9) {
+        q--;
+    }
+    return q == w ? -1 : atoi(q);
+}
+
+/* The key of a label "MXNet pushpull key -3 (rows)"; 0 when it names none. */
+static int label_key(const char *label, int *key)
+{
+    const char *k = strstr(label, "key ");
+    if (k == NULL) {
+        return 0;
+    }
+    k += 4;
+    int neg = *k == '-';
+    k += neg;
+    if (*k < '0' || *k > '9') {
+        return 0;
+    }
+    long v = 0;
+    for (; *k >= '0' && *k <= '9' && v < 1000000000L; k++) {
+        v = v * 10 + (*k - '0');
+    }
+    *key = (int)(neg ? -v : v);
+    return 1;
+}
+
+static int ps_push_entry(const dshim_trace_rec_t *e)
+{
+    return strcmp(e->op, "push") == 0 && strstr(e->label, "MXNet init ") == NULL;
+}
+
+static const dshim_trace_proc_t *ps_proc_named(const dshim_trace_set_t *s, const char *name)
+{
+    for (size_t i = 0; i < s->nprocs; i++) {
+        if (s->procs[i].rank < 0 && strcmp(s->procs[i].name, name) == 0) {
+            return &s->procs[i];
+        }
+    }
+    return NULL;
+}
+
+static const dshim_trace_proc_t *ps_proc_of_dump(const dshim_trace_set_t *s, const dshim_trace_dump_t *d)
+{
+    for (size_t i = 0; d->pid > 0 && i < s->nprocs; i++) {
+        if (s->procs[i].pid == d->pid && (!s->procs[i].host[0] || !d->host[0] || strcmp(s->procs[i].host, d->host) == 0)) {
+            return &s->procs[i];
+        }
+    }
+    return NULL;
+}
+
+static void ps_free(ps_model_t *p)
+{
+    free(p->servers);
+    free(p->workers);
+    memset(p, 0, sizeof(*p));
+}
+
+static int imax(int a, int b)
+{
+    return a > b ? a : b;
+}
+
+/* The nodes: from the rings' names, their sizes and descs, the entries'
+ * ranks and the launcher's process names, each count bounded as the
+ * communicators' members are. */
+static void ps_build(const model_t *m, ps_model_t *p)
+{
+    const dshim_trace_set_t *set = m->set;
+    memset(p, 0, sizeof(*p));
+    int bound = 4096;
+    if ((size_t)bound < 2 * set->n + set->nprocs) {
+        bound = (int)(2 * set->n + set->nprocs);
+    }
+    int ns = 0, nw = 0;
+    for (size_t i = 0; i < set->n; i++) {
+        const dshim_trace_dump_t *d = &set->dumps[i];
+        for (size_t k = 0; k < d->nrings; k++) {
+            const dshim_trace_dring_t *r = &d->rings[k];
+            if (!is_ps_ring(r->name)) {
+                continue;
+            }
+            p->any = 1;
+            int s = ps_index(r->name, "ps/server.", bound), w = ps_index(r->name, "ps/worker.", bound);
+            if (s >= 0) {
+                ns = imax(ns, imax(s + 1, r->size));
+                nw = imax(nw, desc_count(r->desc, " workers)"));
+                for (size_t j = 0; j < r->n; j++) {
+                    for (int q = 0; q < r->recs[j].nwaiting; q++) {
+                        int x = r->recs[j].waiting_for[q];
+                        nw = x >= 0 && x < bound ? imax(nw, x + 1) : nw;
+                    }
+                }
+            } else if (w >= 0) {
+                nw = imax(nw, imax(w + 1, r->size));
+                ns = imax(ns, desc_count(r->desc, " servers)"));
+                for (size_t j = 0; j < r->n; j++) {
+                    int x = r->recs[j].peer;
+                    ns = x >= 0 && x < bound ? imax(ns, x + 1) : ns;
+                }
+            } else if (strcmp(r->name, "ps/scheduler") == 0) {
+                nw = imax(nw, desc_count(r->desc, " workers,"));
+                ns = imax(ns, desc_count(r->desc, " servers)"));
+            }
+        }
+    }
+    if (!p->any) {
+        return;
+    }
+    for (size_t i = 0; i < set->nprocs; i++) {
+        if (set->procs[i].rank < 0) {
+            ns = imax(ns, ps_index(set->procs[i].name, "server ", bound) + 1);
+            nw = imax(nw, ps_index(set->procs[i].name, "worker ", bound) + 1);
+        }
+    }
+    ns = ns < bound ? ns : bound;
+    nw = nw < bound ? nw : bound;
+    p->servers = calloc((size_t)(ns > 0 ? ns : 1), sizeof(ps_node_t));
+    p->workers = calloc((size_t)(nw > 0 ? nw : 1), sizeof(ps_node_t));
+    if (p->servers == NULL || p->workers == NULL) {
+        ps_free(p);
+        return;
+    }
+    p->ns = ns;
+    p->nw = nw;
+    p->any = 1;
+    for (size_t i = 0; i < set->n; i++) {
+        const dshim_trace_dump_t *d = &set->dumps[i];
+        for (size_t k = 0; k < d->nrings; k++) {
+            const dshim_trace_dring_t *r = &d->rings[k];
+            int s = ps_index(r->name, "ps/server.", ns), w = ps_index(r->name, "ps/worker.", nw);
+            ps_node_t *n = s >= 0 ? &p->servers[s] : w >= 0 ? &p->workers[w] :
+                           strcmp(r->name, "ps/scheduler") == 0 ? &p->sched : NULL;
+            if (n != NULL && n->ring == NULL) {  /* two processes claim one node: keep the first */
+                n->dump = d;
+                n->ring = r;
+                n->proc = ps_proc_of_dump(set, d);
+            }
+        }
+    }
+    /* the launcher's processes: a node without a ring is found by its name,
+     * and its dump (one without that ring) by its pid */
+    char name[48];
+    for (int i = 0; i < ns + nw + 1; i++) {
+        ps_node_t *n = i < ns ? &p->servers[i] : i < ns + nw ? &p->workers[i - ns] : &p->sched;
+        if (n->proc != NULL) {
+            continue;
+        }
+        if (i < ns + nw) {
+            snprintf(name, sizeof(name), "%s %d", i < ns ? "server" : "worker", i < ns ? i : i - ns);
+        } else {
+            snprintf(name, sizeof(name), "scheduler");
+        }
+        n->proc = ps_proc_named(set, name);
+        for (size_t j = 0; n->dump == NULL && n->proc != NULL && n->proc->pid > 0 && j < set->n; j++) {
+            if (set->dumps[j].pid == n->proc->pid) {
+                n->dump = &set->dumps[j];
+            }
+        }
+    }
+}
+
+/* "server 1 (host b, pid 812)" */
+static void ps_who(const ps_node_t *n, const char *role, int idx, char *out, size_t cap)
+{
+    const char *host = n->dump && n->dump->host[0] ? n->dump->host : n->proc && n->proc->host[0] ? n->proc->host : NULL;
+    long pid = n->dump ? n->dump->pid : n->proc ? n->proc->pid : 0;
+    char name[48];
+    if (idx >= 0) {
+        snprintf(name, sizeof(name), "%s %d", role, idx);
+    } else {
+        snprintf(name, sizeof(name), "%s", role);
+    }
+    if (host && pid > 0) {
+        snprintf(out, cap, "%s (host %s, pid %ld)", name, host, pid);
+    } else if (host) {
+        snprintf(out, cap, "%s (host %s)", name, host);
+    } else if (pid > 0) {
+        snprintf(out, cap, "%s (pid %ld)", name, pid);
+    } else {
+        snprintf(out, cap, "%s", name);
+    }
+}
+
+/* "worker 1" / "workers 0,2-5" */
+static void ps_list(const char *role, const int *v, int n, char *out, size_t cap)
+{
+    char l[128];
+    dshim_trace_ranges(v, (size_t)n, l, sizeof(l));
+    snprintf(out, cap, "%s%s %s", role, n == 1 ? "" : "s", l);
+}
+
+/* A worker's request: "pushpull key 2 round 4 to server 0", "pull key 1
+ * after round 3 from server 1", "barrier (workers) #7", "command 3" */
+static void ps_req(const dshim_trace_rec_t *e, int with_peer, char *out, size_t cap)
+{
+    const char *l = e->label[0] ? e->label : e->op;
+    if (strncmp(l, "MXNet ", 6) == 0) {
+        l += 6;
+    }
+    char seq[48] = "", peer[48] = "";
+    int pull = strcmp(e->op, "pull") == 0;
+    if (e->seq != DSHIM_TRACE_SEQ_NONE) {
+        if (strcmp(e->op, "barrier") == 0) {
+            snprintf(seq, sizeof(seq), " #%llu", (unsigned long long)e->seq);
+        } else if (pull) {
+            snprintf(seq, sizeof(seq), " after round %llu", (unsigned long long)e->seq);
+        } else if (ps_push_entry(e)) {
+            snprintf(seq, sizeof(seq), " round %llu", (unsigned long long)e->seq);
+        }
+    }
+    if (with_peer && e->peer >= 0) {
+        snprintf(peer, sizeof(peer), " %s server %d", pull ? "from" : "to", e->peer);
+    }
+    snprintf(out, cap, "%s%s%s", l, seq, peer);
+}
+
+static int ps_open(const dshim_trace_rec_t *e)
+{
+    return e->state == DSHIM_TRACE_QUEUED || e->state == DSHIM_TRACE_STARTED || e->state == DSHIM_TRACE_WAITING;
+}
+
+/* One line about worker w: what it last pushed to `server` (when >= 0) and
+ * what it does now; `key`/`has_key`: the key a server waits for from it
+ * (a worker in a barrier skipped it); `context`: why it is named, said
+ * when it left no dump. */
+static void ps_worker_line(const model_t *m, ps_model_t *p, int w, int server, int key, int has_key,
+                           const char *context, text_t *t)
+{
+    ps_node_t *n = &p->workers[w];
+    n->said = 1;
+    char who_s[200], text[900];
+    ps_who(n, "worker", w, who_s, sizeof(who_s));
+    if (n->ring == NULL) {
+        char seen[300];
+        snprintf(seen, sizeof(seen), " \xe2\x80\x94 %s", context);
+        if (n->dump == NULL) {
+            describe_missing(m, n->proc, seen, text, sizeof(text));
+        } else {
+            snprintf(text, sizeof(text), "has no ring ps/worker.%d in its dump%s", w, seen);
+        }
+        tx_add(t, "%s %s\n", who_s, text);
+        t->lines++;
+        return;
+    }
+    const dshim_trace_dring_t *r = n->ring;
+    const dshim_trace_rec_t *pushed = NULL, *pending = NULL, *last = NULL;
+    int npending = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        const dshim_trace_rec_t *e = &r->recs[i];
+        if (e->state < 0) {
+            continue;
+        }
+        last = e;
+        if (server >= 0 && e->state == DSHIM_TRACE_DONE && ps_push_entry(e) && e->peer == server) {
+            pushed = e;
+        }
+        if (ps_open(e)) {
+            pending = pending ? pending : e;
+            npending++;
+        }
+    }
+    size_t len = 0;
+    char s[32], rq[160];
+    text[0] = '\0';
+    if (server >= 0) {
+        int k = 0;
+        if (pushed && label_key(pushed->label, &k)) {
+            fmt_secs(age_s(m, n->dump, pushed->t_started_ns ? pushed->t_started_ns : pushed->t_queued_ns), s,
+                     sizeof(s));
+            len += (size_t)snprintf(text + len, sizeof(text) - len, "last pushed key %d round %llu to server %d %s ago",
+                                    k, (unsigned long long)pushed->seq, server, s);
+        } else {
+            len += (size_t)snprintf(text + len, sizeof(text) - len, "has pushed nothing to server %d", server);
+        }
+    }
+    const char *lead = server >= 0 ? "; it " : "";
+    if (pending && len < sizeof(text)) {
+        ps_req(pending, 1, rq, sizeof(rq));
+        fmt_secs(age_s(m, n->dump, pending->t_started_ns ? pending->t_started_ns : pending->t_queued_ns), s,
+                 sizeof(s));
+        int barrier = strcmp(pending->op, "barrier") == 0;
+        len += (size_t)snprintf(text + len, sizeof(text) - len, "%sis now in %s%s%s", lead, rq,
+                                pending->state == DSHIM_TRACE_WAITING && pending->peer >= 0 ? ", unanswered" : "",
+                                barrier || pending->state == DSHIM_TRACE_WAITING ? " for " : "");
+        if (barrier || pending->state == DSHIM_TRACE_WAITING) {
+            len += (size_t)snprintf(text + len, sizeof(text) - len, "%s", s);
+        }
+        if (barrier && has_key && len < sizeof(text)) {
+            len += (size_t)snprintf(text + len, sizeof(text) - len, ": it skipped key %d", key);
+        }
+        if (npending > 1 && len < sizeof(text)) {
+            len += (size_t)snprintf(text + len, sizeof(text) - len, " (%d more requests outstanding)", npending - 1);
+        }
+    } else if (last && last == pushed && len < sizeof(text)) {
+        len += (size_t)snprintf(text + len, sizeof(text) - len, ", and no request since");
+    } else if (last && len < sizeof(text)) {
+        ps_req(last, 1, rq, sizeof(rq));
+        uint64_t te = last->t_done_ns ? last->t_done_ns : last->t_queued_ns;
+        fmt_secs(age_s(m, n->dump, te), s, sizeof(s));
+        len += (size_t)snprintf(text + len, sizeof(text) - len, "%shas made no request since its %s, which %s %s ago",
+                                lead, rq, last->state == DSHIM_TRACE_FAILED ? "failed" : "ended", s);
+    } else if (len < sizeof(text)) {
+        len += (size_t)snprintf(text + len, sizeof(text) - len, "%shas recorded no request", lead);
+    }
+    tx_add(t, "%s %s\n", who_s, text);
+    t->lines++;
+}
+
+/* The scheduler's barriers that wait: "the scheduler's barrier #5
+ * (workers) waits for worker 1 (arrived: worker 0) for 2.0 s" and the
+ * missing workers. */
+static void ps_scheduler(const model_t *m, ps_model_t *p, text_t *t)
+{
+    const ps_node_t *sc = &p->sched;
+    if (sc->ring == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < sc->ring->n; i++) {
+        const dshim_trace_rec_t *e = &sc->ring->recs[i];
+        if (e->state != DSHIM_TRACE_WAITING || strcmp(e->op, "barrier") != 0) {
+            continue;
+        }
+        /* the ranks are the missing workers', else (no worker missing) the servers' */
+        int servers = strstr(e->label, "(servers)") != NULL;
+        if (!servers && strstr(e->label, "(all)") != NULL && e->nwaiting > 0) {
+            /* every listed worker is in a barrier of all: they are servers */
+            servers = 1;
+            for (int k = 0; k < e->nwaiting && servers; k++) {
+                int w = e->waiting_for[k];
+                const ps_node_t *wn = w >= 0 && w < p->nw ? &p->workers[w] : NULL;
+                int in = 0;
+                for (size_t j = 0; wn && wn->ring && j < wn->ring->n; j++) {
+                    const dshim_trace_rec_t *x = &wn->ring->recs[j];
+                    in |= ps_open(x) && strcmp(x->op, "barrier") == 0 && strstr(x->label, "(all)") != NULL;
+                }
+                servers = in;
+            }
+        }
+        const char *role = servers ? "server" : "worker";
+        int total = servers ? p->ns : p->nw;
+        char missing[256], arrived[256] = "", s[32], group[48] = "";
+        ps_list(role, e->waiting_for, e->nwaiting, missing, sizeof(missing));
+        if (e->nwaiting > 0 && e->nwaiting < DSHIM_TRACE_WAIT_MAX && total > 0 && total < 4096) {
+            int *a = calloc((size_t)total, sizeof(int));
+            int na = 0;
+            for (int r = 0; a && r < total; r++) {
+                int in = 0;
+                for (int k = 0; k < e->nwaiting; k++) {
+                    in |= e->waiting_for[k] == r;
+                }
+                if (!in) {
+                    a[na++] = r;
+                }
+            }
+            char l[200] = "";
+            if (na > 0) {
+                ps_list(role, a, na, l, sizeof(l));
+            }
+            snprintf(arrived, sizeof(arrived), " (arrived: %s)", na > 0 ? l : "none");
+            free(a);
+        }
+        const char *g = strchr(e->label, '(');
+        if (g) {
+            snprintf(group, sizeof(group), " %.40s", g);
+        }
+        fmt_secs(age_s(m, sc->dump, e->t_started_ns ? e->t_started_ns : e->t_queued_ns), s, sizeof(s));
+        tx_add(t, "the scheduler's barrier #%llu%s waits for %s%s for %s\n", (unsigned long long)e->seq, group,
+               e->nwaiting > 0 ? missing : "someone", arrived, s);
+        t->lines++;
+        char ctx[160];
+        snprintf(ctx, sizeof(ctx), "the scheduler's barrier #%llu waits for it", (unsigned long long)e->seq);
+        for (int k = 0; k < e->nwaiting; k++) {
+            int x = e->waiting_for[k];
+            if (!servers && x >= 0 && x < p->nw && !p->workers[x].said) {
+                ps_worker_line(m, p, x, -1, 0, 0, ctx, t);
+            } else if (servers && x >= 0 && x < p->ns && !p->servers[x].said && p->servers[x].dump == NULL) {
+                char who_s[200], d[600], seen[200];
+                p->servers[x].said = 1;
+                ps_who(&p->servers[x], "server", x, who_s, sizeof(who_s));
+                snprintf(seen, sizeof(seen), " \xe2\x80\x94 %s", ctx);
+                describe_missing(m, p->servers[x].proc, seen, d, sizeof(d));
+                tx_add(t, "%s %s\n", who_s, d);
+                t->lines++;
+            }
+        }
+    }
+}
+
+/* Workers whose requests to a server go unanswered while that server waits
+ * for no worker: the server is the one that is stuck (or gone). */
+static void ps_unanswered(const model_t *m, ps_model_t *p, text_t *t)
+{
+    int *ws = calloc((size_t)(p->nw > 0 ? p->nw : 1), sizeof(int));
+    for (int s = 0; ws && s < p->ns; s++) {
+        ps_node_t *sv = &p->servers[s];
+        int srv_waits = 0;
+        for (size_t i = 0; sv->ring && i < sv->ring->n; i++) {
+            srv_waits |= sv->ring->recs[i].state == DSHIM_TRACE_WAITING;
+        }
+        if (srv_waits) {
+            continue;  /* its own line says for whom */
+        }
+        const dshim_trace_rec_t *oldest = NULL;
+        const dshim_trace_dump_t *od = NULL;
+        int nws = 0;
+        for (int w = 0; w < p->nw; w++) {
+            const ps_node_t *wn = &p->workers[w];
+            const dshim_trace_rec_t *mine = NULL;
+            for (size_t i = 0; wn->ring && i < wn->ring->n && mine == NULL; i++) {
+                const dshim_trace_rec_t *e = &wn->ring->recs[i];
+                int waits = e->state == DSHIM_TRACE_WAITING || (e->state == DSHIM_TRACE_FAILED && e->nwaiting > 0);
+                if (waits && e->peer == s) {
+                    mine = e;
+                }
+            }
+            if (mine) {
+                ws[nws++] = w;
+                if (oldest == NULL || to_wall(wn->dump, mine->t_queued_ns) < to_wall(od, oldest->t_queued_ns)) {
+                    oldest = mine;
+                    od = wn->dump;
+                }
+            }
+        }
+        if (nws == 0) {
+            continue;
+        }
+        int key = 0, has_key = label_key(oldest->label, &key);
+        char names[256], rq[160], what[900], s1[32];
+        ps_list("worker", ws, nws, names, sizeof(names));
+        ps_req(oldest, 0, rq, sizeof(rq));
+        if (sv->ring == NULL) {
+            char who_s[200], d[600];
+            sv->said = 1;
+            ps_who(sv, "server", s, who_s, sizeof(who_s));
+            if (sv->dump == NULL) {
+                describe_missing(m, sv->proc, "", d, sizeof(d));
+            } else {
+                snprintf(d, sizeof(d), "has no ring ps/server.%d in its dump", s);
+            }
+            snprintf(what, sizeof(what), "; %s %s", who_s, d);
+        } else {
+            /* an open round of that key (not yet long enough to be "waiting"): nothing to say */
+            const dshim_trace_rec_t *lastk = NULL;
+            int open = 0;
+            for (size_t i = 0; has_key && i < sv->ring->n; i++) {
+                const dshim_trace_rec_t *e = &sv->ring->recs[i];
+                int k2 = 0;
+                if (strcmp(e->op, "push") == 0 && label_key(e->label, &k2) && k2 == key) {
+                    open |= ps_open(e);
+                    if (e->state == DSHIM_TRACE_DONE) {
+                        lastk = e;
+                    }
+                }
+            }
+            if (open) {
+                continue;
+            }
+            if (lastk) {
+                fmt_secs(age_s(m, sv->dump, lastk->t_done_ns), s1, sizeof(s1));
+                snprintf(what, sizeof(what), ", which has no open round: its last round of key %d, round %llu, "
+                         "ended %s ago", key, (unsigned long long)lastk->seq, s1);
+            } else if (has_key) {
+                snprintf(what, sizeof(what), ", which has no open round: it has no round of key %d in its ring", key);
+            } else {
+                snprintf(what, sizeof(what), ", which has no open round and waits for no worker");
+            }
+        }
+        fmt_secs(age_s(m, od, oldest->t_started_ns ? oldest->t_started_ns : oldest->t_queued_ns), s1, sizeof(s1));
+        tx_add(t, "%s %s for server %d (%s, for %s)%s\n", names, nws == 1 ? "waits" : "wait", s, rq, s1, what);
+        t->lines++;
+    }
+    free(ws);
+}
+
+/* The MXNet lines: servers that wait for a push and the workers that have
+ * not pushed, the scheduler's waiting barriers, workers waiting for a server
+ * that waits for nobody, then the job's other processes that left no dump.
+ * Returns the number of lines. */
+static int ps_diagnose(const model_t *m, ps_model_t *p, text_t *t)
+{
+    if (!p->any) {
+        return 0;
+    }
+    int before = t->lines;
+    /* who a server waits for, to be described after the servers */
+    typedef struct {
+        int worker, server, key, has_key;
+        unsigned long long round;
+    } owed_t;
+    owed_t *owed = calloc((size_t)(p->nw > 0 ? p->nw : 1), sizeof(*owed));
+    int nowed = 0;
+    for (int s = 0; s < p->ns; s++) {
+        ps_node_t *sv = &p->servers[s];
+        const dshim_trace_rec_t *e = NULL;
+        int nwait = 0;
+        for (size_t i = 0; sv->ring && i < sv->ring->n; i++) {
+            const dshim_trace_rec_t *x = &sv->ring->recs[i];
+            if (x->state == DSHIM_TRACE_WAITING && strcmp(x->op, "push") == 0) {
+                nwait++;
+                if (e == NULL || x->t_started_ns < e->t_started_ns) {
+                    e = x;
+                }
+            }
+        }
+        if (e == NULL) {
+            continue;
+        }
+        sv->said = 1;
+        int key = 0, has_key = label_key(e->label, &key);
+        char who_s[200], what[96], from[300], by[300] = "", more[64] = "", s1[32];
+        ps_who(sv, "server", s, who_s, sizeof(who_s));
+        if (has_key) {
+            snprintf(what, sizeof(what), "key %d round %llu", key, (unsigned long long)e->seq);
+        } else {
+            snprintf(what, sizeof(what), "%s round %llu", e->label, (unsigned long long)e->seq);
+        }
+        if (e->nwaiting > 0) {
+            char l[240];
+            ps_list("worker", e->waiting_for, e->nwaiting, l, sizeof(l));
+            snprintf(from, sizeof(from), " from %s%s", l,
+                     e->nwaiting == DSHIM_TRACE_WAIT_MAX && p->nw > DSHIM_TRACE_WAIT_MAX ? " and maybe more" : "");
+        } else {
+            snprintf(from, sizeof(from), " from a worker (the dump does not say which)");
+        }
+        if (e->nwaiting > 0 && (e->nwaiting < DSHIM_TRACE_WAIT_MAX || p->nw <= DSHIM_TRACE_WAIT_MAX)) {
+            int *pb = calloc((size_t)(p->nw > 0 ? p->nw : 1), sizeof(int));
+            int npb = 0;
+            for (int w = 0; pb && w < p->nw; w++) {
+                int in = 0;
+                for (int k = 0; k < e->nwaiting; k++) {
+                    in |= e->waiting_for[k] == w;
+                }
+                if (!in) {
+                    pb[npb++] = w;
+                }
+            }
+            char l[240] = "no worker";
+            if (npb > 0) {
+                ps_list("worker", pb, npb, l, sizeof(l));
+            }
+            snprintf(by, sizeof(by), " (pushed by %s)", l);
+            free(pb);
+        }
+        if (nwait > 1) {
+            snprintf(more, sizeof(more), "; %d more key%s wait%s too", nwait - 1, nwait > 2 ? "s" : "",
+                     nwait > 2 ? "" : "s");
+        }
+        fmt_secs(age_s(m, sv->dump, e->t_started_ns ? e->t_started_ns : e->t_queued_ns), s1, sizeof(s1));
+        tx_add(t, "%s waits for %s%s%s for %s%s\n", who_s, what, from, by, s1, more);
+        t->lines++;
+        for (int k = 0; owed && k < e->nwaiting; k++) {
+            int w = e->waiting_for[k], dup = 0;
+            for (int j = 0; j < nowed; j++) {
+                dup |= owed[j].worker == w;
+            }
+            if (w >= 0 && w < p->nw && !dup && nowed < p->nw) {
+                owed[nowed++] = (owed_t){w, s, key, has_key, (unsigned long long)e->seq};
+            }
+        }
+    }
+    for (int i = 0; owed && i < nowed; i++) {
+        char ctx[160], what[64];
+        if (owed[i].has_key) {
+            snprintf(what, sizeof(what), "key %d round %llu", owed[i].key, owed[i].round);
+        } else {
+            snprintf(what, sizeof(what), "round %llu", owed[i].round);
+        }
+        snprintf(ctx, sizeof(ctx), "server %d waits for its push of %s", owed[i].server, what);
+        ps_worker_line(m, p, owed[i].worker, owed[i].server, owed[i].key, owed[i].has_key, ctx, t);
+    }
+    free(owed);
+    ps_scheduler(m, p, t);
+    ps_unanswered(m, p, t);
+    /* the job's other MXNet processes without a dump */
+    for (int i = 0; i < p->ns + p->nw + 1; i++) {
+        ps_node_t *n = i < p->ns ? &p->servers[i] : i < p->ns + p->nw ? &p->workers[i - p->ns] : &p->sched;
+        if (n->said || n->dump != NULL || n->proc == NULL) {
+            continue;
+        }
+        char who_s[200], d[600];
+        n->said = 1;
+        ps_who(n, i < p->ns ? "server" : i < p->ns + p->nw ? "worker" : "scheduler",
+               i < p->ns ? i : i < p->ns + p->nw ? i - p->ns : -1, who_s, sizeof(who_s));
+        describe_missing(m, n->proc, "", d, sizeof(d));
+        tx_add(t, "%s %s\n", who_s, d);
+        t->lines++;
+    }
+    return t->lines - before;
+}
+
+/* When nobody waits: the newest completed round of any server. */
+static void ps_idle(const model_t *m, const ps_model_t *p, text_t *t)
+{
+    const dshim_trace_rec_t *newest = NULL;
+    const dshim_trace_dump_t *nd = NULL;
+    int srv = -1, dumped = 0;
+    for (int i = 0; i < p->ns + p->nw + 1; i++) {
+        const ps_node_t *n = i < p->ns ? &p->servers[i] : i < p->ns + p->nw ? &p->workers[i - p->ns] : &p->sched;
+        dumped += n->ring != NULL;
+    }
+    for (int s = 0; s < p->ns; s++) {
+        const ps_node_t *sv = &p->servers[s];
+        for (size_t i = 0; sv->ring && i < sv->ring->n; i++) {
+            const dshim_trace_rec_t *e = &sv->ring->recs[i];
+            if (e->state == DSHIM_TRACE_DONE && ps_push_entry(e) &&
+                (newest == NULL || to_wall(sv->dump, e->t_done_ns) > to_wall(nd, newest->t_done_ns))) {
+                newest = e;
+                nd = sv->dump;
+                srv = s;
+            }
+        }
+    }
+    tx_add(t, "MXNet parameter server: nobody waits (%d of its %d processes dumped)", dumped, p->ns + p->nw + 1);
+    int key = 0;
+    if (newest && label_key(newest->label, &key)) {
+        char s[32];
+        fmt_secs(age_s(m, nd, newest->t_done_ns), s, sizeof(s));
+        tx_add(t, "; the last round, key %d round %llu on server %d, ended %s ago", key,
+               (unsigned long long)newest->seq, srv, s);
+    }
+    tx_add(t, "\n");
+    t->lines++;
+}
+
+/* "server 1", "worker 0", "the scheduler" for a dump of an MXNet process,
+ * else "rank 3" */
+static void dump_who(const dshim_trace_set_t *set, const dshim_trace_dump_t *d, char *out, size_t cap)
+{
+    for (size_t k = 0; k < d->nrings; k++) {
+        const char *n = d->rings[k].name;
+        if (strncmp(n, "ps/server.", 10) == 0) {
+            snprintf(out, cap, "server %.12s", n + 10);
+            return;
+        }
+        if (strncmp(n, "ps/worker.", 10) == 0) {
+            snprintf(out, cap, "worker %.12s", n + 10);
+            return;
+        }
+        if (strcmp(n, "ps/scheduler") == 0) {
+            snprintf(out, cap, "the scheduler");
+            return;
+        }
+    }
+    const dshim_trace_proc_t *p = ps_proc_of_dump(set, d);
+    if (p && p->rank < 0 && p->name[0]) {
+        snprintf(out, cap, "%.40s", p->name);
+    } else {
+        snprintf(out, cap, "rank %d", d->rank);
+    }
+}
+
 char *dshim_trace_diagnose(const dshim_trace_set_t *set, int max_lines, uint64_t now_realtime_ns)
 {
     text_t t = {0};
@@ -882,6 +1606,10 @@ char *dshim_trace_diagnose(const dshim_trace_set_t *set, int max_lines, uint64_t
         nsaid += diagnose_comm(&m, c, prefix, &body);
     }
     free(order);
+    /* MXNet jobs: the parameter server's rings */
+    ps_model_t ps;
+    ps_build(&m, &ps);
+    nsaid += ps_diagnose(&m, &ps, &body);
     if (first) {
         /* dshim's messages begin "rank R (host H) in allreduce #5 (...): ", which
          * the line's head and the lines below say already: the rest is the news */
@@ -890,9 +1618,16 @@ char *dshim_trace_diagnose(const dshim_trace_set_t *set, int max_lines, uint64_t
         if (strncmp(why, "rank ", 5) == 0 && cut && cut - why < 160 && cut[3]) {
             why = cut + 3;
         }
-        char w[260];
+        /* a server's timeout: "server 1 (host h) waits for key 3 round 4 from worker 1 (...); ...; no push
+         * of key 3 for 6.0 s (DSHIM_TIMEOUT=6 s): the job ends", whose story the lines below tell */
+        const char *tail = strstr(why, "; no push of key ");
+        if (ps.any && strncmp(why, "server ", 7) == 0 && strstr(why, " waits for key ") && tail) {
+            why = tail + 2;
+        }
+        char w[260], name[64];
         snprintf(w, sizeof(w), "%.200s%s", why, strlen(why) > 200 ? "..." : "");
-        tx_add(&t, "first error: rank %d (host %s, %s): %s\n", first->rank, first->host[0] ? first->host : "?",
+        dump_who(set, first, name, sizeof(name));
+        tx_add(&t, "first error: %s (host %s, %s): %s\n", name, first->host[0] ? first->host : "?",
                first->reason, w);
         t.lines++;
     }
@@ -919,7 +1654,11 @@ char *dshim_trace_diagnose(const dshim_trace_set_t *set, int max_lines, uint64_t
                 t.lines++;
             }
         }
+        if (ps.any) {
+            ps_idle(&m, &ps, &t);
+        }
     }
+    ps_free(&ps);
     /* the body, cut to the screen's budget */
     if (body.buf) {
         int total = 0;
@@ -949,6 +1688,22 @@ char *dshim_trace_diagnose(const dshim_trace_set_t *set, int max_lines, uint64_t
 
 /* ---- the live status ------------------------------------------------------ */
 
+/* Rows by world rank; an MXNet job's: the scheduler, the servers, the workers. */
+static long long row_order(const dshim_trace_dump_t *d)
+{
+    for (size_t k = 0; k < d->nrings; k++) {
+        const char *n = d->rings[k].name;
+        int s = ps_index(n, "ps/server.", 1 << 20), w = ps_index(n, "ps/worker.", 1 << 20);
+        if (strcmp(n, "ps/scheduler") == 0) {
+            return 1ll << 32;
+        }
+        if (s >= 0 || w >= 0) {
+            return (2ll << 32) + (w >= 0 ? 1ll << 24 : 0) + (s >= 0 ? s : w);
+        }
+    }
+    return d->rank;
+}
+
 /* One row per rank: the communicator where it is busy (else its newest activity). */
 static void status_rows(const model_t *m, text_t *t)
 {
@@ -963,7 +1718,7 @@ static void status_rows(const model_t *m, text_t *t)
     }
     for (size_t i = 0; i < s->n; i++) {
         for (size_t j = i + 1; j < s->n; j++) {
-            if (s->dumps[idx[j]].rank < s->dumps[idx[i]].rank) {
+            if (row_order(&s->dumps[idx[j]]) < row_order(&s->dumps[idx[i]])) {
                 size_t x = idx[i];
                 idx[i] = idx[j];
                 idx[j] = x;
@@ -1004,15 +1759,27 @@ static void status_rows(const model_t *m, text_t *t)
         }
         char now[400] = "idle", forb[32] = "-", waitb[64] = "-", movedb[64];
         char a[64], args[320];
+        int ps = best && is_ps_ring(best->name);
         if (bp) {
             fmt_opseq(bp, a, sizeof(a));
             fmt_args(bp, 0, args, sizeof(args));
+            if (ps) {
+                /* MXNet: "pushpull key 3 round 4 to server 1" */
+                ps_req(bp, 1, a, sizeof(a));
+                args[0] = '\0';
+            }
             const char *st = bp->state == DSHIM_TRACE_QUEUED ? "queued: " : bp->state == DSHIM_TRACE_FAILED ?
                              "failed: " : "";
             snprintf(now, sizeof(now), "%s%s%s", st, a, args);
             uint64_t t0 = bp->t_started_ns ? bp->t_started_ns : bp->t_queued_ns;
             fmt_secs(age_s(m, d, t0), forb, sizeof(forb));
-            if (bp->nwaiting > 0) {
+            if (bp->nwaiting > 0 && best && is_ps_ring(best->name)) {
+                /* a worker waits for a server, a server or the scheduler for workers */
+                char list[48];
+                dshim_trace_ranges(bp->waiting_for, (size_t)bp->nwaiting, list, sizeof(list));
+                snprintf(waitb, sizeof(waitb), "%s%s %s", strncmp(best->name, "ps/worker.", 10) == 0 ? "server" :
+                         "worker", bp->nwaiting == 1 ? "" : "s", list);
+            } else if (bp->nwaiting > 0) {
                 /* ring ranks -> world ranks through the model's communicator */
                 int w[8];
                 int nw = 0;
@@ -1033,6 +1800,9 @@ static void status_rows(const model_t *m, text_t *t)
             }
         } else if (blast) {
             fmt_opseq(blast, a, sizeof(a));
+            if (ps) {
+                ps_req(blast, 1, a, sizeof(a));
+            }
             snprintf(now, sizeof(now), "idle (last: %s %s)", a, blast->state == DSHIM_TRACE_DONE ? "done" : "failed");
             uint64_t t0 = blast->t_done_ns ? blast->t_done_ns : blast->t_queued_ns;
             fmt_secs(age_s(m, d, t0), forb, sizeof(forb));
@@ -1040,6 +1810,16 @@ static void status_rows(const model_t *m, text_t *t)
         fmt_bytes(moved, movedb, sizeof(movedb));
         char rank[16], pid[16];
         snprintf(rank, sizeof(rank), "%d", d->rank);
+        for (size_t k = 0; k < d->nrings; k++) {
+            /* an MXNet process: its role (srv1, wkr0, sched) */
+            const char *n = d->rings[k].name;
+            int sv = strncmp(n, "ps/server.", 10) == 0, wk = strncmp(n, "ps/worker.", 10) == 0;
+            if (sv || wk) {
+                snprintf(rank, sizeof(rank), "%s%.8s", sv ? "srv" : "wkr", n + 10);
+            } else if (strcmp(n, "ps/scheduler") == 0) {
+                snprintf(rank, sizeof(rank), "sched");
+            }
+        }
         snprintf(pid, sizeof(pid), "%ld", d->pid);
         tx_add(t, "%-6s %-16.16s %-8s %-44s %-9s %-12s %s in %llu ops\n", rank, d->host, pid, now, forb, waitb,
                movedb, (unsigned long long)nops);

@@ -1,7 +1,8 @@
 """A worker that stops pushing (issue 19): the parameter server names the worker, the key, the
 round and the server, in its stall warnings, in its timeout, in every worker's error, and in
 the flight recorder's dumps (a "ps/server.R" ring entry waiting for that worker); a worker that
-skips a barrier: the scheduler names it (its warning, its "ps/scheduler" ring).
+skips a barrier: the scheduler names it (its warning, its "ps/scheduler" ring).  Under dshim-run,
+the launcher's one-screen diagnosis reads those rings (test_diagnosis_under_dshim_run).
 
 Scheduler, 2 servers and 2 workers by hand (tests/mxnet/mxjob.py ByHand); worker 1 stops before
 its push of key 3 at step 3 (round 4; key 3 lives on server 1, as does key 1, the last key
@@ -12,11 +13,12 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 
 import pytest
 
-from mxjob import LIB, PY, ByHand
+from mxjob import LIB, PY, RUN, SCRIPTS, ByHand, clean_env, free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -150,3 +152,57 @@ def test_worker_skips_a_barrier(tmp_path):
     waiting = [e for e in rings["ps/scheduler"] if e["state"] == "waiting"]
     assert waiting and waiting[-1]["label"] == "MXNet barrier (workers)" and waiting[-1]["waiting_for"] == [1], \
         rings["ps/scheduler"][-4:]
+
+
+def test_diagnosis_under_dshim_run(tmp_path):
+    """dshim-run -n 2 -s 2 --launcher local python stall_push.py OUT (worker 1 sleeps before its
+    push of key 3 at step 3): server 1's timeout ends the job, and dshim-run's diagnosis (docs/
+    launcher.md "Diagnosis and live status") reads the "ps/" rings as the parameter server's, not
+    as communicators: server 1 waits for key 3 round 4 from worker 1, and what worker 1 did last.
+    `dshim-run --diagnose DIR` says the same offline."""
+    out = tmp_path / "out"
+    out.mkdir()
+    env = clean_env({"DSHIM_TIMEOUT": "6",
+                     "PATH": "%s:%s" % (PY.parent, os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"))})
+    cmd = [str(RUN), "--master-port", str(free_port()), "-n", "2", "-s", "2", "--launcher", "local",
+           "python", str(SCRIPTS / "stall_push.py"), str(out)]
+    p = subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        so, se = p.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGTERM)  # dshim-run stops its job
+        try:
+            so, se = p.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            so, se = p.communicate()
+        raise AssertionError("dshim-run did not end:\n" + se[-6000:])
+    log = "rc=%s\nstdout:\n%s\nstderr:\n%s" % (p.returncode, so[-4000:], se[-8000:])
+    assert p.returncode not in (0, None), log
+    err = se.splitlines()
+    head = [i for i, ln in enumerate(err) if "dshim-run: diagnosis from the flight recorder" in ln]
+    assert head, log
+    lines = []
+    for ln in err[head[0] + 1:]:
+        if not ln.startswith("dshim-run:   "):
+            break
+        lines.append(ln[len("dshim-run:   "):])
+    text = "\n".join(lines)
+    assert 2 <= len(lines) <= 10, log
+    w1 = int((out / "pid_worker1").read_text())
+    server = re.compile(r"^server 1 \(host \S+, pid \d+\) waits for key 3 round 4 from worker 1 \(pushed by "
+                        r"worker 0\) for [0-9.]+ m?s$", re.M)
+    assert server.search(text), log
+    assert re.search(r"^worker 1 \(host \S+, pid %d\) last pushed key 1 round 4 to server 1 [0-9.]+ m?s ago; it has "
+                     r"made no request since its pushpull key 2 round 4 to server 0, which ended [0-9.]+ m?s ago$" % w1,
+                     text, re.M), log
+    assert re.search(r"^first error: server 1 \(host \S+, timeout\): no push of key 3 for [0-9.]+ s "
+                     r"\(DSHIM_TIMEOUT=6 s\)", text, re.M), log
+    # no ring read as a communicator ("rank 0 left no dump", "[MXNet server 1 of 2 ...]")
+    assert "rank " not in text and "[MXNet" not in text, log
+    # offline, from the directory the header names
+    m = re.search(r"\(dumps in (\S+);", err[head[0]])
+    assert m and os.path.isdir(m.group(1)), log
+    off = subprocess.run([str(RUN), "--diagnose", m.group(1)], capture_output=True, text=True, timeout=30)
+    assert off.returncode == 0 and server.search(off.stdout), off.stdout + off.stderr

@@ -37,8 +37,25 @@ OUT = {}
 
 # ---- hooks ----------------------------------------------------------------------------------
 
-def _model():
+class _Mixed(nn.Module):
+    """float32, complex64 and float64 parameters (DDP buckets them apart): the built-in FP16_COMPRESS
+    hook compresses a complex bucket as its real view."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(12, 4)
+        self.c = nn.Parameter(torch.randn(4, dtype=torch.complex64))
+        self.d = nn.Parameter(torch.randn(4, dtype=torch.float64))
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y * (self.c * torch.complex(y, -y)).abs() + (self.d * y.double()).float()
+
+
+def _model(kind):
     torch.manual_seed(1234)
+    if kind == "mixed dtypes":
+        return _Mixed()
     return nn.Sequential(nn.Linear(12, 24), nn.Tanh(), nn.Linear(24, 16), nn.ReLU(), nn.Linear(16, 4))
 
 
@@ -66,7 +83,8 @@ def _register(ddp, name):
 
 
 HOOKS = ["none", "builtin ALLREDUCE", "builtin FP16_COMPRESS", "allreduce_hook", "fp16_compress_hook",
-         "bf16_compress_hook", "powerSGD_hook"]
+         "bf16_compress_hook", "powerSGD_hook", "mixed dtypes: none", "mixed dtypes: builtin ALLREDUCE",
+         "mixed dtypes: builtin FP16_COMPRESS"]
 
 
 def sc_hooks(out_dir):
@@ -79,8 +97,9 @@ def sc_hooks(out_dir):
     for hook in HOOKS:
         # several buckets, but one for PowerSGD: its then() callbacks wait for all_reduces of their own,
         # and with several buckets torch's gloo hangs (each of its 2 threads blocked in a callback)
-        ddp = DDP(_model(), bucket_cap_mb=25 if "powerSGD" in hook else 0.001)
-        _register(ddp, hook)
+        kind, _, name = hook.rpartition(": ")
+        ddp = DDP(_model(kind), bucket_cap_mb=25 if "powerSGD" in hook else 0.001)
+        _register(ddp, name)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         steps = []
         for s in range(STEPS):

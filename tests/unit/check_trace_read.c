@@ -3,7 +3,9 @@
  * directory of dumps, launcher.jsonl, and the diagnosis and status texts for
  * hand-written dumps of every case dshim-run meets: a rank that skipped a
  * collective, an idle rank, a killed rank, a stopped rank, mismatched
- * arguments, a sub-communicator's rank mapping, stragglers. */
+ * arguments, a sub-communicator's rank mapping, stragglers; and the MXNet
+ * parameter server's rings (a stalled key, a skipped key or barrier, a killed
+ * worker, a silent server). */
 #include <check.h>
 #include <dirent.h>
 #include <stdarg.h>
@@ -484,6 +486,273 @@ START_TEST(diagnose_nothing)
 }
 END_TEST
 
+/* ---- MXNet: dshim's parameter server's rings (shim/ps/ps_trace.h) ---------- */
+
+static void ps_ring(sb_t *b, const char *name, const char *desc, int rank, int size)
+{
+    sb_add(b, "{\"ring\":\"%s\",\"desc\":\"%s\",\"rank\":%d,\"size\":%d,\"world_rank\":%d,\"capacity\":2000,"
+           "\"recorded\":9,\"dropped\":0}\n", name, desc, rank, size, rank);
+}
+
+/* op "push" (pushpull, push, init), "pull" or "barrier"; peer = the server
+ * (worker rings) or -1; t_*: seconds before the dump */
+static void ps_entry(sb_t *b, const char *name, int id, long seq, const char *op, const char *label, int peer,
+                     const char *state, const char *waiting, double tq, double td)
+{
+    unsigned long long q = tq > 0 ? MONO - (unsigned long long)(tq * 1e9) : 0;
+    unsigned long long d = td > 0 ? MONO - (unsigned long long)(td * 1e9) : 0;
+    int data = strcmp(op, "barrier") != 0;
+    sb_add(b, "{\"ring\":\"%s\",\"id\":%d,\"seq\":%ld,\"op\":\"%s\",\"dtype\":\"%s\",\"count\":%d,\"bytes\":%d,"
+           "\"root\":-1,\"peer\":%d,\"redop\":\"%s\",\"label\":\"%s\",\"state\":\"%s\",\"waiting_for\":[%s],"
+           "\"algo\":\"\",\"transport\":\"tcp\",\"t_queued_ns\":%llu,\"t_started_ns\":%llu,\"t_done_ns\":%llu,"
+           "\"wait_ns\":0,\"t_waiting_ns\":0}\n", name, id, seq, op, data ? "float32" : "", data ? 12 : 0,
+           data ? 48 : 0, peer, data ? "sum" : "", label, state, waiting, q, q, d);
+}
+
+static void ps_proc(dshim_trace_set_t *set, const char *name, const char *host, long pid,
+                    dshim_trace_proc_state_t st, int code, int sig, char pstate)
+{
+    add_proc(set, -1, host, pid, st, code, sig, pstate, 0, st == DSHIM_TRACE_PROC_RUNNING);
+    snprintf(set->procs[set->nprocs - 1].name, sizeof(set->procs[0].name), "%s", name);
+}
+
+#define SRV_DESC(s) "MXNet server " #s " of 2 (2 workers): an entry per key and round; waiting_for = worker ranks"
+#define WRK_DESC(w) "MXNet worker " #w " of 2 (2 servers): pushes, pulls, barriers; peer and waiting_for = server ranks"
+#define SCH_DESC "MXNet scheduler (2 workers, 2 servers): an entry per barrier; waiting_for = the missing workers' " \
+                 "ranks, else the missing servers'"
+
+/* The job of tests/mxnet/scripts/stall_push.py: 2 servers, 2 workers; keys
+ * 0,2,4 on server 0 and 1,3,5 on server 1.  Every worker pushed rounds 1-3 of
+ * every key and round 4 of keys 0-2; worker 0 also pushed key 3 round 4, and
+ * waits for its answer.  Worker 1 (w1_mode): 0 sits idle, 1 is in a barrier
+ * (it skipped key 3), 2 is killed (no dump). */
+static void ps_stalled_job(dshim_trace_set_t *set, int w1_mode)
+{
+    sb_t b = {0};
+    head(&b, 0, 1, "a", 10, "signal", "");
+    ps_ring(&b, "ps/scheduler", SCH_DESC, 0, 1);
+    for (int i = 0; i < 4; i++) {
+        ps_entry(&b, "ps/scheduler", i, i + 1, "barrier", "MXNet barrier (workers)", -1, "done", "", 30 - i,
+                 29.5 - i);
+    }
+    if (w1_mode == 1) {
+        ps_entry(&b, "ps/scheduler", 4, 5, "barrier", "MXNet barrier (workers)", -1, "waiting", "0", 4.0, 0);
+    }
+    add_dump(set, &b);
+    for (int s = 0; s < 2; s++) {
+        char name[32], label[48];
+        snprintf(name, sizeof(name), "ps/server.%d", s);
+        head(&b, s, 2, "b", 11 + s, s == 1 ? "timeout" : "signal",
+             s == 1 ? "server 1 (host b) waits for key 3 round 4 from worker 1 (pushed by worker 0); worker 1 last "
+                      "pushed key 1 round 4 to it 6.5 s ago; no push of key 3 for 6.0 s (DSHIM_TIMEOUT=6 s): the "
+                      "job ends" : "");
+        ps_ring(&b, name, s ? SRV_DESC(1) : SRV_DESC(0), s, 2);
+        int id = 0;
+        for (int k = s; k < 6; k += 2) {
+            snprintf(label, sizeof(label), "MXNet init key %d", k);
+            ps_entry(&b, name, id++, 0, "push", label, 0, "done", "", 25, 25);
+        }
+        for (int round = 1; round <= 4; round++) {
+            for (int k = s; k < 6; k += 2) {
+                double t = 20 - round * 3 - k * 0.5;
+                snprintf(label, sizeof(label), "MXNet push key %d", k);
+                if (round == 4 && k == 3) {
+                    ps_entry(&b, name, id++, round, "push", label, -1, "waiting", "1", 6.0, 0);
+                } else if (round < 4 || k < 3) {
+                    ps_entry(&b, name, id++, round, "push", label, -1, "done", "", t, t - 0.1);
+                }
+            }
+        }
+        add_dump(set, &b);
+    }
+    for (int w = 0; w < 2; w++) {
+        if (w == 1 && w1_mode == 2) {
+            continue;
+        }
+        char name[32], label[48];
+        snprintf(name, sizeof(name), "ps/worker.%d", w);
+        head(&b, w, 2, "c", 20 + w, "timeout", "server 1 (host b) waits for key 3 round 4 from worker 1");
+        ps_ring(&b, name, w ? WRK_DESC(1) : WRK_DESC(0), w, 2);
+        int id = 0;
+        for (int round = 1; round <= 4; round++) {
+            for (int k = 0; k < 6; k++) {
+                double t = 20.2 - round * 3 - k * 0.5;
+                snprintf(label, sizeof(label), "MXNet pushpull key %d", k);
+                if (round == 4 && k == 3 && w == 0) {
+                    ps_entry(&b, name, id++, round, "push", label, 1, "waiting", "1", 6.2, 0);
+                } else if (round < 4 || k < 3) {
+                    ps_entry(&b, name, id++, round, "push", label, k % 2, "done", "", t, t - 0.2);
+                }
+            }
+        }
+        if (w == 1 && w1_mode == 1) {
+            ps_entry(&b, name, id++, 6, "barrier", "MXNet barrier (workers)", -1, "started", "", 4.0, 0);
+        }
+        add_dump(set, &b);
+    }
+    ps_proc(set, "scheduler", "a", 10, DSHIM_TRACE_PROC_RUNNING, 0, 0, 'S');
+    ps_proc(set, "server 0", "b", 11, DSHIM_TRACE_PROC_RUNNING, 0, 0, 'S');
+    ps_proc(set, "server 1", "b", 12, DSHIM_TRACE_PROC_RUNNING, 0, 0, 'S');
+    ps_proc(set, "worker 0", "c", 20, DSHIM_TRACE_PROC_EXITED, 1, 0, 0);
+    if (w1_mode == 2) {
+        ps_proc(set, "worker 1", "c", 21, DSHIM_TRACE_PROC_KILLED, 0, 9, 0);
+    } else {
+        ps_proc(set, "worker 1", "c", 21, DSHIM_TRACE_PROC_RUNNING, 0, 0, 'S');
+    }
+}
+
+/* Worker 1 stopped pushing before key 3 (the real job's shape): the server
+ * that waits, for what from whom, and what worker 1 did last; no ring is
+ * read as a communicator. */
+START_TEST(diagnose_ps_stalled_key)
+{
+    dshim_trace_set_t set = {0};
+    ps_stalled_job(&set, 0);
+    char *t = diag(&set);
+    HAS(t, "first error: server 1 (host b, timeout): no push of key 3 for 6.0 s (DSHIM_TIMEOUT=6 s): the job ends\n");
+    HAS(t, "\nserver 1 (host b, pid 12) waits for key 3 round 4 from worker 1 (pushed by worker 0) for 6.0 s\n");
+    HAS(t, "\nworker 1 (host c, pid 21) last pushed key 1 round 4 to server 1 7.7 s ago; it has made no request "
+           "since its pushpull key 2 round 4 to server 0, which ended 7.0 s ago\n");
+    HASNT(t, "left no dump");
+    HASNT(t, "rank ");
+    HASNT(t, "[MXNet");
+    HASNT(t, "server 0 (");
+    ck_assert_int_eq(count_lines(t), 3);
+    free(t);
+    /* the status: roles, and whom each waits for */
+    t = dshim_trace_status(&set, 20, 0);
+    fprintf(stderr, "---- status\n%s", t);
+    HAS(t, "wkr0   c                20       pushpull key 3 round 4 to server 1");
+    HAS(t, "server 1");
+    HAS(t, "srv1   b                12       push key 3 round 4");
+    HAS(t, "worker 1");
+    HAS(t, "sched ");
+    free(t);
+    dshim_trace_set_free(&set);
+}
+END_TEST
+
+/* Worker 1 skipped key 3 and went on to a barrier, where the scheduler waits
+ * for worker 0 (which waits for key 3's answer): every wait named. */
+START_TEST(diagnose_ps_skipped_key_in_barrier)
+{
+    dshim_trace_set_t set = {0};
+    ps_stalled_job(&set, 1);
+    char *t = diag(&set);
+    HAS(t, "\nserver 1 (host b, pid 12) waits for key 3 round 4 from worker 1 (pushed by worker 0) for 6.0 s\n");
+    HAS(t, "\nworker 1 (host c, pid 21) last pushed key 1 round 4 to server 1 7.7 s ago; it is now in barrier "
+           "(workers) #6 for 4.0 s: it skipped key 3\n");
+    HAS(t, "\nthe scheduler's barrier #5 (workers) waits for worker 0 (arrived: worker 1) for 4.0 s\n");
+    HAS(t, "\nworker 0 (host c, pid 20) is now in pushpull key 3 round 4 to server 1, unanswered for 6.2 s\n");
+    ck_assert_int_le(count_lines(t), 10);
+    free(t);
+    dshim_trace_set_free(&set);
+}
+END_TEST
+
+/* A worker that never reaches a barrier (stall_push.py --mode barrier): the
+ * scheduler waits for it, the servers for nobody. */
+START_TEST(diagnose_ps_skipped_barrier)
+{
+    dshim_trace_set_t set = {0};
+    sb_t b = {0};
+    head(&b, 0, 1, "a", 10, "request", "");
+    ps_ring(&b, "ps/scheduler", SCH_DESC, 0, 1);
+    ps_entry(&b, "ps/scheduler", 0, 1, "barrier", "MXNet barrier (all)", -1, "done", "", 30, 29);
+    ps_entry(&b, "ps/scheduler", 1, 7, "barrier", "MXNet barrier (workers)", -1, "waiting", "1", 3.0, 0);
+    add_dump(&set, &b);
+    for (int s = 0; s < 2; s++) {
+        char name[32];
+        snprintf(name, sizeof(name), "ps/server.%d", s);
+        head(&b, s, 2, "b", 11 + s, "request", "");
+        ps_ring(&b, name, s ? SRV_DESC(1) : SRV_DESC(0), s, 2);
+        ps_entry(&b, name, 0, 3, "push", s ? "MXNet push key 5" : "MXNet push key 4", -1, "done", "", 4.0, 3.9);
+        add_dump(&set, &b);
+    }
+    for (int w = 0; w < 2; w++) {
+        char name[32];
+        snprintf(name, sizeof(name), "ps/worker.%d", w);
+        head(&b, w, 2, "c", 20 + w, "request", "");
+        ps_ring(&b, name, w ? WRK_DESC(1) : WRK_DESC(0), w, 2);
+        ps_entry(&b, name, 0, 3, "push", "MXNet pushpull key 5", 1, "done", "", 4.0, 3.5);
+        if (w == 0) {
+            ps_entry(&b, name, 1, 9, "barrier", "MXNet barrier (workers)", -1, "started", "", 3.0, 0);
+        }
+        add_dump(&set, &b);
+    }
+    char *t = diag(&set);
+    HAS(t, "the scheduler's barrier #7 (workers) waits for worker 1 (arrived: worker 0) for 3.0 s\n");
+    HAS(t, "\nworker 1 (host c, pid 21) has made no request since its pushpull key 5 round 3 to server 1, which "
+           "ended 3.5 s ago\n");
+    HASNT(t, "first error");
+    HASNT(t, "waits for key");
+    ck_assert_int_eq(count_lines(t), 2);
+    free(t);
+    dshim_trace_set_free(&set);
+}
+END_TEST
+
+/* Worker 1 was killed: no dump; the launcher's facts say how it ended. */
+START_TEST(diagnose_ps_killed_worker)
+{
+    dshim_trace_set_t set = {0};
+    ps_stalled_job(&set, 2);
+    char *t = diag(&set);
+    HAS(t, "\nserver 1 (host b, pid 12) waits for key 3 round 4 from worker 1 (pushed by worker 0) for 6.0 s\n");
+    HAS(t, "\nworker 1 (host c, pid 21) left no dump (it died: the launcher saw it killed by signal 9, SIGKILL) "
+           "\xe2\x80\x94 server 1 waits for its push of key 3 round 4\n");
+    ck_assert_int_le(count_lines(t), 10);
+    free(t);
+    dshim_trace_set_free(&set);
+}
+END_TEST
+
+/* Workers wait for a server that waits for nobody: stopped (no dump), or
+ * with no open round of the key; then nobody waits at all. */
+START_TEST(diagnose_ps_silent_server)
+{
+    for (int stopped = 0; stopped < 3; stopped++) {
+        dshim_trace_set_t set = {0};
+        sb_t b = {0};
+        if (stopped != 1) {
+            head(&b, 1, 2, "b", 12, "request", "");
+            ps_ring(&b, "ps/server.1", SRV_DESC(1), 1, 2);
+            ps_entry(&b, "ps/server.1", 0, 3, "push", "MXNet push key 3", -1, "done", "", 9.0, 8.0);
+            add_dump(&set, &b);
+        }
+        for (int w = 0; w < 2; w++) {
+            char name[32];
+            snprintf(name, sizeof(name), "ps/worker.%d", w);
+            head(&b, w, 2, "c", 20 + w, stopped ? "timeout" : "request",
+                 stopped ? "worker 0: no answer from server 1 (pid 12 on host b) for 11 s" : "");
+            ps_ring(&b, name, w ? WRK_DESC(1) : WRK_DESC(0), w, 2);
+            ps_entry(&b, name, 0, 3, "push", "MXNet pushpull key 3", 1, "done", "", 9.5, 8.0);
+            if (stopped < 2) {
+                ps_entry(&b, name, 1, 4, "push", "MXNet pushpull key 3", 1, stopped ? "failed" : "waiting", "1",
+                         7.0 - w, 0);
+            }
+            add_dump(&set, &b);
+        }
+        ps_proc(&set, "server 1", "b", 12, DSHIM_TRACE_PROC_RUNNING, 0, 0, stopped == 1 ? 'T' : 'S');
+        char *t = diag(&set);
+        if (stopped == 1) {
+            HAS(t, "workers 0,1 wait for server 1 (pushpull key 3 round 4, for 7.0 s); server 1 (host b, pid 12) is "
+                   "alive but stopped (SIGSTOP or a debugger), so it wrote no dump\n");
+            HAS(t, "first error: worker 0 (host c, timeout): worker 0: no answer from server 1");
+        } else if (stopped == 0) {
+            HAS(t, "workers 0,1 wait for server 1 (pushpull key 3 round 4, for 7.0 s), which has no open round: its "
+                   "last round of key 3, round 3, ended 8.0 s ago\n");
+        } else {
+            HAS(t, "MXNet parameter server: nobody waits (3 of its 5 processes dumped); the last round, key 3 "
+                   "round 3 on server 1, ended 8.0 s ago\n");
+        }
+        ck_assert_int_le(count_lines(t), 10);
+        free(t);
+        dshim_trace_set_free(&set);
+    }
+}
+END_TEST
+
 START_TEST(status_and_stragglers)
 {
     dshim_trace_set_t set = {0};
@@ -588,6 +857,11 @@ int main(void)
     tcase_add_test(tc, diagnose_maps_ring_ranks);
     tcase_add_test(tc, diagnose_many_ranks_fits_a_screen);
     tcase_add_test(tc, diagnose_nothing);
+    tcase_add_test(tc, diagnose_ps_stalled_key);
+    tcase_add_test(tc, diagnose_ps_skipped_key_in_barrier);
+    tcase_add_test(tc, diagnose_ps_skipped_barrier);
+    tcase_add_test(tc, diagnose_ps_killed_worker);
+    tcase_add_test(tc, diagnose_ps_silent_server);
     tcase_add_test(tc, status_and_stragglers);
     tcase_add_test(tc, load_dir_and_procs_file);
     suite_add_tcase(s, tc);
