@@ -35,7 +35,7 @@ bench: setup build
 # replaces the section "## Scaling with the number of ranks" of docs/benchmarks.md and writes
 # docs/bench-scale.png (~8 min on 2 cores)
 bench-scale: setup build
-	@.venv/bin/python bench/scale_bench.py --build $(BUILD) --venv .venv --np 2,4,8,16,32,64 --reps 2 \
+	@.venv/bin/python bench/scale_bench.py --build $(BUILD) --venv .venv --np 2,4,8,16,32,64 --reps 3 \
 	    --out docs/benchmarks.md --plot docs/bench-scale.png
 
 # PyTorch DDP step and tiny all_reduce, backend "dshim" vs gloo, 2 and 4 processes, interleaved;

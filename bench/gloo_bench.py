@@ -20,10 +20,10 @@ timed, so repeated SUMs neither overflow nor produce denormals.
 Rank 0 appends one JSON object per size to the -j file:
   {"impl":"gloo","transport":"tcp","np":2,"op":"allreduce","dtype":"float32",
    "bytes":4096,"iters":K,"time_us":MEDIAN,"min_us":MIN,"algbw":..,"busbw":..,
-   "init_us":..,"init_span_us":..}
-init_us is init_process_group's duration, max over ranks; init_span_us the
-span from the first rank's call to the last rank's return (time.monotonic is
-CLOCK_MONOTONIC, one clock for every process of a host), as dshim-bench and
+   "init_us":..,"init_span_us":..,"init_min_us":..}
+init_us is init_process_group's duration, max over ranks (init_min_us: min);
+init_span_us the span from the first rank's call to the last rank's return
+(time.monotonic is CLOCK_MONOTONIC, one clock for every process of a host), as dshim-bench and
 bench/mpi_bench.c measure their own start-up.  --barrier first times
 dist.barrier() the same way (one object with op "barrier", bytes 0).
 """
@@ -201,10 +201,11 @@ def work(args):
                             timeout=datetime.timedelta(seconds=args.timeout))
     t1 = time.monotonic()
     # start-up cost, measured as dshim-bench measures dshim_comm_init_env
-    init = torch.tensor([t1 - t0, -t0, t1], dtype=torch.float64)
+    init = torch.tensor([t1 - t0, -t0, t1, t0 - t1], dtype=torch.float64)
     dist.all_reduce(init, op=dist.ReduceOp.MAX)
     init_rec = dict(init_us=round(float(init[0]) * 1e6, 1),
-                    init_span_us=round(float(init[2] + init[1]) * 1e6, 1))
+                    init_span_us=round(float(init[2] + init[1]) * 1e6, 1),
+                    init_min_us=round(-float(init[3]) * 1e6, 1))
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if rank == 0:
         print(f"# gloo allreduce float32 sum, np={n}, torch {torch.__version__}", flush=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How cost grows with the number of ranks: dshim vs OpenMPI vs gloo, N = 2 ... 64 on one machine.
 
-    python3 bench/scale_bench.py --build build --venv .venv --np 2,4,8,16,32,64 --reps 2 \\
+    python3 bench/scale_bench.py --build build --venv .venv --np 2,4,8,16,32,64 --reps 3 \\
         --out docs/benchmarks.md --plot docs/bench-scale.png          (make bench-scale)
 
 For every repetition and every N, one after the other (interleaved, so drifts
@@ -60,6 +60,9 @@ IMPLS = ("dshim", "openmpi", "gloo")
 LABEL = {"dshim": "dshim (shm)", "openmpi": "OpenMPI (vader shm)", "gloo": "gloo (tcp)"}
 METRICS = (("init", "start-up"), ("barrier", "barrier"), ("4k", "4 KiB allreduce"),
            ("1m", "1 MiB allreduce"))
+# rows of the table: the plotted metrics, and start-up's min over ranks (the last rank to arrive
+# waits for nobody: what is left is its own work)
+TABLE_METRICS = METRICS[:1] + (("init_min", "start-up, min over ranks"),) + METRICS[1:]
 KIB, MIB = 1 << 10, 1 << 20
 STORE_KINDS = {1: "SET", 2: "GET", 3: "TRY_GET", 4: "ADD", 5: "SET_IF_ABSENT", 6: "DELETE"}
 
@@ -166,6 +169,7 @@ def run_one(a, run_id, log_dir, rep, n, impl, mpi_exe):
         if "init_us" in r:
             vals["init"] = float(r["init_us"])
             vals["init_span"] = float(r["init_span_us"])
+            vals["init_min"] = float(r["init_min_us"])
     if status == "ok" and not all(k in vals for k, _ in METRICS):
         status = "partial"
     rec.update(status=status, rc=rc, wall_s=round(wall, 2), foreign_cpu_pct=round(foreign, 1),
@@ -479,7 +483,7 @@ class Report:
         for impl in IMPLS:
             for n in self.nps:
                 rs = [r for r in runs if r["impl"] == impl and r["np"] == n]
-                for key, _ in METRICS + (("init_span", ""),):
+                for key, _ in TABLE_METRICS + (("init_span", ""),):
                     v = [r[f"v_{key}"] for r in rs if f"v_{key}" in r]
                     self.val[(impl, n, key)] = med(v)
                     self.reps[(impl, n, key)] = v
@@ -581,7 +585,8 @@ class Report:
             out += [f"Machine load during the runs: foreign CPU (busy time of processes other than the run) "
                     f"median {statistics.median(foreign):.0f} %, max {max(foreign):.0f} % of both cores; "
                     f"1-minute load average before a run median {statistics.median(loads):.2f}, "
-                    f"max {max(loads):.2f}; {noisy} of {len(self.runs)} run(s) started on a machine that "
+                    f"max {max(loads):.2f} (it decays slowly and still counts the previous run's ranks, up "
+                    f"to 64: foreign CPU is the measure of other work); {noisy} of {len(self.runs)} run(s) started on a machine that "
                     f"was not quiet (busy ≥ {meta['busy_max'] * 100:.0f} % after waiting up to "
                     f"{meta['max_wait']:.0f} s). Other work sharing the machine makes the absolute numbers "
                     "noisy; the dshim/OpenMPI ratios come from runs of the same sitting, seconds apart.", ""]
@@ -596,7 +601,7 @@ class Report:
         out += ["| N | what | " + " | ".join(LABEL[i] for i in IMPLS) + " | ratio dshim/OpenMPI |",
                 "|---:|---|" + "---|" * len(IMPLS) + "---:|"]
         for n in self.nps:
-            for key, title in METRICS:
+            for key, title in TABLE_METRICS:
                 extra = ""
                 if key == "1m":
                     d = self.val.get(("dshim", n, key))
@@ -612,7 +617,7 @@ class Report:
         out += ["Growth exponents: least-squares k in time ∝ N^k over N = 8…"
                 f"{max(self.nps)} (the oversubscribed range; 1 = linear, 2 = quadratic):", "",
                 "| what | " + " | ".join(LABEL[i] for i in IMPLS) + " |", "|---|" + "---|" * len(IMPLS)]
-        for key, title in METRICS:
+        for key, title in TABLE_METRICS:
             cells = []
             for impl in IMPLS:
                 k, ns = self.exponents(impl, key)
@@ -656,7 +661,84 @@ class Report:
                             f"`{k}` × {v / per:g}" for k, v in sorted(last["store_keys"].items(),
                                                                      key=lambda kv: -kv[1])) + "."]
             out.append("")
+        out += self.explain()
         return "\n".join(out) + "\n"
+
+    def gloo_range(self):
+        r = [self.val[("gloo", n, key)] / self.val[("dshim", n, key)] for n in self.nps
+             for key, _ in METRICS[1:] if self.val.get(("gloo", n, key)) and self.val.get(("dshim", n, key))]
+        return f"{min(r):.0f}–{max(r):.0f}×" if r else "(not measured)"
+
+    def explain(self):
+        """What grows how, and why: from how dshim works, with this run's numbers."""
+        nmax = max(self.nps)
+        c = next((x for x in self.census if x["np"] == nmax and x.get("store_startup")), None)
+
+        def k(impl, key):
+            e, _ = self.exponents(impl, key)
+            return "—" if e is None else f"{e:.2f}"
+
+        def v(impl, n, key):
+            return fmt_us(self.val.get((impl, n, key)))
+
+        out = ["### What grows with N, and why", ""]
+        if c:
+            su = c["store_startup"]
+            out += [f"**Start-up messages: O(N) per rank, O(N²) at the store.** Each rank sends the store "
+                    f"N + 2 requests (N + 3 for the last one to arrive): one SET of its peer record "
+                    f"(`c0/peer/R`: address, port, pid, host, shm inbox name), N − 1 GETs of every other "
+                    f"rank's record (parked at the store until set, no polling), then the shm transport's "
+                    f"store barrier (one ADD, one GET of `barrier/shm/done`, one SET by the last rank); "
+                    f"measured {min(su)}–{max(su)} at N = {nmax}, {c['store_keys'].get('GET peer/R', 0) // max(1, len(su))} "
+                    f"of them record GETs. That meets the issue's bound (O(N) per rank) but no better: "
+                    f"all N(N + 2) ≈ {round(statistics.mean(su) * nmax)} requests go through one store, "
+                    f"one round trip each, so the store's work grows as N².", "",
+                    f"**Connections: a full mesh.** `bootstrap.c` step 3 connects every rank to every "
+                    f"lower rank and accepts every higher one, each with a HELLO exchange, whatever the "
+                    f"transport: with shm the socket stays as the connection's control socket (hang-up "
+                    f"detection). Measured: {c.get('mesh_max')} data connections per rank at N = {nmax} "
+                    f"(N − 1), N(N − 1)/2 = {nmax * (nmax - 1) // 2} in the job, plus one store connection "
+                    f"per rank (rank 0 holds {c.get('rank0_established')} sockets: its mesh, its store "
+                    f"client, and the store's end of every rank's connection). The algorithms need far "
+                    f"fewer: the ring 2 neighbours, recursive doubling (barrier, allreduce ≤ 64 KiB) "
+                    f"⌈log2 N⌉ partners (+1 when N is not a power of two), i.e. {math.ceil(math.log2(nmax))} at "
+                    f"N = {nmax}. **So start-up is a full mesh today**, which the issue asks to avoid; "
+                    f"this task only measures it (bootstrap.c unchanged).", "",
+                    f"**Shared memory: N² address space per rank.** Every rank creates an inbox of N rings "
+                    f"× 4 MiB (`DSHIM_SHM_RING_SIZE`) and maps all N inboxes: {c.get('shm_segments')} "
+                    f"segments, {c.get('shm_mapped_mib', 0) / 1024:.0f} GiB of address space per rank at "
+                    f"N = {nmax} (4·N² MiB; only touched pages use memory, and the files are unlinked once "
+                    f"every peer mapped them: nothing is left in /dev/shm).", ""]
+        out += [f"**Start-up time** (max over ranks: exponent {k('dshim', 'init')} for dshim, "
+                f"{k('openmpi', 'init')} for OpenMPI over N = 8…{nmax}; "
+                f"{v('dshim', nmax // 2, 'init')} at N = {nmax // 2}, {v('dshim', nmax, 'init')} at "
+                f"N = {nmax}). It is not the wait for the last process to be launched: the min over "
+                f"ranks (the last rank to arrive, which waits for nobody) is {v('dshim', nmax, 'init_min')} "
+                f"at N = {nmax}. Per rank the work is O(N): N − 1 record GETs, then connects to every "
+                f"lower rank one after the other, each a round trip (HELLO) that needs the acceptor, "
+                f"another process, to be scheduled; N mmaps. With N processes on 2 cores each round "
+                f"trip waits for O(N) others to run, and the store serves its N² requests one by one, "
+                f"so the job's start-up is O(N²) in the end; at small N fixed costs (threads, the first "
+                f"store connection, process start-up) hide it, at the top of the range it shows. "
+                f"`MPI_Init` takes {v('openmpi', nmax, 'init')} at N = {nmax} (ratio dshim/OpenMPI "
+                f"{self.ratio(nmax, 'init')}).", "",
+                f"**Barrier and 4 KiB allreduce** (recursive doubling, ⌈log2 N⌉ rounds; exponents "
+                f"{k('dshim', 'barrier')} and {k('dshim', '4k')} for dshim): with a core per rank the cost "
+                f"would grow as log N. Here every round needs every rank to run once, and N ranks share 2 "
+                f"cores, so a round costs ~N/2 wake-ups (futex doorbell, context switch) per core: "
+                f"N·log N (exponent ≈ 1.3 over 8…64), plus the scheduler's own cost of more runnable "
+                f"processes. OpenMPI busy-polls (and yields when oversubscribed): far ahead while few "
+                f"ranks spin (N ≤ 16), then its spinning ranks take the cores from the ranks that have "
+                f"work (exponents {k('openmpi', 'barrier')} and {k('openmpi', '4k')}).", "",
+                f"**1 MiB allreduce** (pipelined ring, 2(N − 1) steps of 1 MiB/N; exponent "
+                f"{k('dshim', '1m')} for dshim, {k('openmpi', '1m')} for OpenMPI): each rank moves about "
+                f"2 MiB whatever N, so the bytes through the 2 cores grow as N (all ranks' copies and "
+                f"reductions), and the steps as N per rank, N² wake-ups in all: between N and N², the "
+                f"small chunks (16 KiB at N = 64) make the wake-ups dominate as N grows.", "",
+                f"gloo (torch, TCP) is {self.gloo_range()} dshim's time at every N it ran and takes "
+                "about a second to start (a TCP full mesh through torch's store); it is capped at N = "
+                f"{self.meta['gloo_max_np']}.", ""]
+        return out
 
 
 # ------------------------------------------------------------------ main
@@ -683,7 +765,7 @@ def parse_args(argv):
     ap.add_argument("--build", default="build")
     ap.add_argument("--venv", default=".venv")
     ap.add_argument("--np", default="2,4,8,16,32,64")
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--min-time", type=float, default=0.2, help="timed seconds per measurement (-t)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per run before it is killed")
     ap.add_argument("--gloo-max-np", type=int, default=16, help="largest N that gloo runs at")

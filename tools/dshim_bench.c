@@ -101,7 +101,8 @@ static void usage(FILE *f)
             "  with -n N <= cores each rank is bound to one core (as mpirun does); --no-bind turns that off\n"
             "  --barrier: before the sweep, time dshim_barrier the same way (one row/JSON line, op barrier, 0 bytes)\n"
             "  every JSON line carries init_us (dshim_comm_init_env's duration, max over ranks) and\n"
-            "  init_span_us (first rank's call to last rank's return, one host's monotonic clock)\n");
+            "  init_span_us (first rank's call to last rank's return, one host's monotonic clock) and\n"
+            "  init_min_us (min over ranks: the last rank to arrive waits for nobody)\n");
 }
 
 /* bus bandwidth factor, as nccl-tests defines it */
@@ -227,9 +228,10 @@ static int rank_main(const opts_t *o)
     double init_t0 = now();
     CHECK_OR_DIE(dshim_comm_init_env(&comm));
     double init_t1 = now();
-    double init_in[3] = {init_t1 - init_t0, -init_t0, init_t1}, init_out[3];
-    CHECK_OR_DIE(dshim_allreduce(comm, init_in, init_out, 3, DSHIM_FLOAT64, DSHIM_MAX));
-    double init_us = init_out[0] * 1e6, init_span_us = (init_out[2] + init_out[1]) * 1e6;
+    double init_in[4] = {init_t1 - init_t0, -init_t0, init_t1, -(init_t1 - init_t0)}, init_out[4];
+    CHECK_OR_DIE(dshim_allreduce(comm, init_in, init_out, 4, DSHIM_FLOAT64, DSHIM_MAX));
+    double init_us = init_out[0] * 1e6, init_span_us = (init_out[2] + init_out[1]) * 1e6,
+           init_min_us = -init_out[3] * 1e6;
     int rank = dshim_comm_rank(comm), n = dshim_comm_size(comm);
     size_t es = dshim_dtype_size(o->dtype);
     size_t max_alloc = o->max_bytes + (size_t)n * es;
@@ -252,8 +254,9 @@ static int rank_main(const opts_t *o)
         }
         printf("# dshim-bench %s %s %s, %d ranks, transport %s\n", o->op, dshim_dtype_name(o->dtype),
                dshim_redop_name(o->redop), n, transport);
-        printf("# init: dshim_comm_init_env %.1f us (max over ranks), first call to last return %.1f us\n", init_us,
-               init_span_us);
+        printf("# init: dshim_comm_init_env %.1f us (max over ranks), first call to last return %.1f us, "
+               "min over ranks %.1f us\n",
+               init_us, init_span_us, init_min_us);
         printf("# %12s %12s %8s %12s %10s %10s %6s\n", "size(B)", "count", "iters", "time(us)", "algbw(GB/s)",
                "busbw(GB/s)", "check");
     }
@@ -267,8 +270,8 @@ static int rank_main(const opts_t *o)
             if (json) {
                 fprintf(json,
                         "{\"impl\":\"dshim\",\"transport\":\"%s\",\"np\":%d,\"op\":\"barrier\",\"bytes\":0,"
-                        "\"iters\":%d,\"time_us\":%.3f,\"init_us\":%.1f,\"init_span_us\":%.1f}\n",
-                        transport, n, iters, med * 1e6, init_us, init_span_us);
+                        "\"iters\":%d,\"time_us\":%.3f,\"init_us\":%.1f,\"init_span_us\":%.1f,\"init_min_us\":%.1f}\n",
+                        transport, n, iters, med * 1e6, init_us, init_span_us, init_min_us);
                 fflush(json);
             }
         }
@@ -309,9 +312,9 @@ static int rank_main(const opts_t *o)
                 fprintf(json,
                         "{\"impl\":\"dshim\",\"transport\":\"%s\",\"np\":%d,\"op\":\"%s\",\"dtype\":\"%s\","
                         "\"bytes\":%zu,\"iters\":%d,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"check\":\"%s\","
-                        "\"init_us\":%.1f,\"init_span_us\":%.1f}\n",
+                        "\"init_us\":%.1f,\"init_span_us\":%.1f,\"init_min_us\":%.1f}\n",
                         transport, n, o->op, dshim_dtype_name(o->dtype), (size_t)(count * es), iters, med * 1e6,
-                        algbw, busbw, chk, init_us, init_span_us);
+                        algbw, busbw, chk, init_us, init_span_us, init_min_us);
                 fflush(json);
             }
         }
