@@ -53,7 +53,15 @@ TIMEOUT_S = 5.0          # DSHIM_TIMEOUT given to every job
 END_SLACK_S = 2.0        # every process gone within TIMEOUT_S + END_SLACK_S of the fault
 LAUNCHER_GRACE_S = 5.0   # DSHIM_RUN_KILL_GRACE's default: the controller's wait for an unreachable agent
 COLLECT_WAIT_S = 1.5        # the controller's wait for dumps before it stops a failed job (launcher/collect.h)
+# After a torch rank has reported a stall (its RuntimeError), Python and torch tear the interpreter down
+# (the final GC, torch's operator tables: ~1 CPU-second per process, measured with perf). When every
+# surviving rank fails at once (rank 0 stopped), nothing cuts that short: the first exit, and with it
+# dshim-run's stop, waits for it, 2-4 s on a 2-core machine running other tests. dshim's own part is
+# held to TIMEOUT_S + END_SLACK_S through the time of the first rank's report instead.
+PY_TEARDOWN_S = 4.0
 READY_WAIT_S = 90.0      # start-up under load (2 cores, a test run beside us)
+# a torch rank's report of a failed collective (python/dshim/_comm.py's RuntimeError)
+REPORT_LINE = re.compile(r"dshim: rank \d+ \(group [^)]*\): \S+ #\d+ failed")
 ALL_KINDS = ["torch-none", "mx-none", "torch-kill", "mx-kill", "torch-stop",
              "torch-garbage", "mx-garbage", "torch-netcut"]
 ROOT_KINDS = {"torch-netcut"}
@@ -408,6 +416,14 @@ class Run:
         ends = [t for p, t in self.last_seen.items() if not self.is_launcher(p)]
         self.t_procs_end = max(max(ends) + 0.05, self.t_fault) if ends else self.t_fault
         limit = TIMEOUT_S + END_SLACK_S
+        if self.job == "torch" and self.fault in ("stop", "netcut"):
+            reported = [t for t, l in self.lines if REPORT_LINE.search(l)]
+            if not reported:
+                self.problems.append("no rank reported the stall (a 'dshim: rank R ... failed' error)")
+            elif reported[0] - self.t_fault > limit:
+                self.problems.append("the first rank reported the stall %.2f s after the fault, over %g s" % (
+                    reported[0] - self.t_fault, limit))
+            limit += PY_TEARDOWN_S
         if self.t_procs_end - self.t_fault > limit:
             self.problems.append("the job's processes ended %.2f s after the fault, over %g s" % (
                 self.t_procs_end - self.t_fault, limit))
