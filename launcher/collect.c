@@ -17,74 +17,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base64.h"
 #include "collect.h"
 #include "config.h"
 #include "net.h"
 
 /* ---- small helpers ---------------------------------------------------------- */
-
-static const char b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-static size_t b64_encode(const unsigned char *in, size_t n, char *out)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i += 3) {
-        unsigned v = (unsigned)in[i] << 16;
-        if (i + 1 < n) {
-            v |= (unsigned)in[i + 1] << 8;
-        }
-        if (i + 2 < n) {
-            v |= in[i + 2];
-        }
-        out[o++] = b64chars[(v >> 18) & 63];
-        out[o++] = b64chars[(v >> 12) & 63];
-        out[o++] = i + 1 < n ? b64chars[(v >> 6) & 63] : '=';
-        out[o++] = i + 2 < n ? b64chars[v & 63] : '=';
-    }
-    return o;
-}
-
-static int b64_val(unsigned char c)
-{
-    if (c >= 'A' && c <= 'Z') {
-        return c - 'A';
-    }
-    if (c >= 'a' && c <= 'z') {
-        return c - 'a' + 26;
-    }
-    if (c >= '0' && c <= '9') {
-        return c - '0' + 52;
-    }
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
-}
-
-/* Decodes into out (room for n / 4 * 3 bytes); -1 on a bad character. */
-static long b64_decode(const char *in, size_t n, unsigned char *out)
-{
-    size_t o = 0;
-    if (n % 4 != 0) {
-        return -1;
-    }
-    for (size_t i = 0; i < n; i += 4) {
-        int v[4];
-        for (int k = 0; k < 4; k++) {
-            unsigned char ch = (unsigned char)in[i + k];
-            v[k] = ch == '=' && k >= 2 && i + 4 == n ? 0 : b64_val(ch);
-            if (v[k] < 0) {
-                return -1;
-            }
-        }
-        unsigned w = (unsigned)v[0] << 18 | (unsigned)v[1] << 12 | (unsigned)v[2] << 6 | (unsigned)v[3];
-        out[o++] = (unsigned char)(w >> 16);
-        if (in[i + 2] != '=') {
-            out[o++] = (unsigned char)(w >> 8);
-        }
-        if (in[i + 3] != '=') {
-            out[o++] = (unsigned char)w;
-        }
-    }
-    return (long)o;
-}
 
 /* mkdir -p with mode 0700 for what is missing. */
 static int make_dirs(const char *path)
@@ -411,7 +349,7 @@ static void send_file(const char *name, const char *path)
             }
             have += (size_t)more;
         }
-        size_t m = b64_encode(raw, have, enc);
+        size_t m = run_b64_encode(raw, have, enc);
         run_frame_write(1, RUN_FRAME_BYTES, -1, 0, 0, enc, m);
         total += have;
         if (total > ((size_t)256 << 20)) {
@@ -760,7 +698,7 @@ bool run_collect_frame(run_collect_t *c, int agent, const run_frame_t *f)
     case RUN_FRAME_BYTES:
         if (c->cur[agent]) {
             unsigned char *raw = malloc(f->textlen / 4 * 3 + 3);
-            long got = raw ? b64_decode(f->text, f->textlen, raw) : -1;
+            long got = raw ? run_b64_decode(f->text, f->textlen, raw) : -1;
             if (got > 0) {
                 fwrite(raw, 1, (size_t)got, c->cur[agent]);
             }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base64.h"
 #include "spec.h"
 
 #define SPEC_MAGIC "dshim-spec/1"
@@ -48,65 +49,28 @@ static void ns_put_int(sbuf_t *b, long v)
     ns_put(b, s);
 }
 
-static const char b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
+/* The description as base64 text (malloc'ed, NUL-terminated). */
 static char *b64_encode(const unsigned char *in, size_t n)
 {
     char *out = run_xmalloc(4 * ((n + 2) / 3) + 1);
-    size_t o = 0;
-    for (size_t i = 0; i < n; i += 3) {
-        unsigned v = (unsigned)in[i] << 16;
-        if (i + 1 < n) {
-            v |= (unsigned)in[i + 1] << 8;
-        }
-        if (i + 2 < n) {
-            v |= in[i + 2];
-        }
-        out[o++] = b64chars[(v >> 18) & 63];
-        out[o++] = b64chars[(v >> 12) & 63];
-        out[o++] = i + 1 < n ? b64chars[(v >> 6) & 63] : '=';
-        out[o++] = i + 2 < n ? b64chars[v & 63] : '=';
-    }
-    out[o] = '\0';
+    out[run_b64_encode(in, n, out)] = '\0';
     return out;
 }
 
-static int b64_val(char c)
-{
-    const char *p = strchr(b64chars, c);
-    return (c != '\0' && p) ? (int)(p - b64chars) : -1;
-}
-
+/* A description received on stdin (a line end is not part of it). */
 static unsigned char *b64_decode(const char *in, size_t *n_out)
 {
     size_t n = strlen(in);
     while (n > 0 && (in[n - 1] == '\n' || in[n - 1] == '\r')) {
         n--;
     }
-    if (n % 4 != 0) {
+    unsigned char *out = run_xmalloc(n / 4 * 3 + 1);
+    long got = run_b64_decode(in, n, out);
+    if (got < 0) {
+        free(out);
         return NULL;
     }
-    unsigned char *out = run_xmalloc(n / 4 * 3 + 1);
-    size_t o = 0;
-    for (size_t i = 0; i < n; i += 4) {
-        int v[4];
-        for (int k = 0; k < 4; k++) {
-            v[k] = in[i + k] == '=' ? 0 : b64_val(in[i + k]);
-            if (v[k] < 0 || (in[i + k] == '=' && i + 4 < n)) {
-                free(out);
-                return NULL;
-            }
-        }
-        unsigned w = (unsigned)v[0] << 18 | (unsigned)v[1] << 12 | (unsigned)v[2] << 6 | (unsigned)v[3];
-        out[o++] = (unsigned char)(w >> 16);
-        if (in[i + 2] != '=') {
-            out[o++] = (unsigned char)(w >> 8);
-        }
-        if (in[i + 3] != '=') {
-            out[o++] = (unsigned char)w;
-        }
-    }
-    *n_out = o;
+    *n_out = (size_t)got;
     return out;
 }
 

@@ -19,7 +19,7 @@ static int log_rank = -1;
 static char log_host[64];
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
-static void expand_path(const char *pattern, char *out, size_t out_len)
+void dshim_expand_name(const char *pattern, int rank, const char *host, char *out, size_t out_len)
 {
     size_t o = 0;
     for (const char *p = pattern; *p && o + 1 < out_len; p++) {
@@ -28,12 +28,12 @@ static void expand_path(const char *pattern, char *out, size_t out_len)
         if (p[0] == '%' && p[1]) {
             p++;
             if (*p == 'h') {
-                ins = log_host;
+                ins = host;
             } else if (*p == 'p') {
                 snprintf(tmp, sizeof(tmp), "%d", (int)getpid());
                 ins = tmp;
             } else if (*p == 'r') {
-                snprintf(tmp, sizeof(tmp), "%d", log_rank);
+                snprintf(tmp, sizeof(tmp), "%d", rank);
                 ins = tmp;
             } else {
                 tmp[0] = *p;
@@ -71,7 +71,7 @@ static void log_init_once(void)
     }
     if (cfg->debug_file && cfg->debug_file[0]) {
         char path[512];
-        expand_path(cfg->debug_file, path, sizeof(path));
+        dshim_expand_name(cfg->debug_file, log_rank, log_host, path, sizeof(path));
         int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
         if (fd >= 0) {
             log_fd = fd;

@@ -12,6 +12,9 @@ void dshim_log_init(void);
 void dshim_log_set_rank(int rank);
 int dshim_log_get_rank(void);
 const char *dshim_log_hostname(void);
+/* A file name from a pattern: %r rank, %p pid, %h host, %% a percent sign
+ * (DSHIM_DEBUG_FILE, DSHIM_TIMELINE). */
+void dshim_expand_name(const char *pattern, int rank, const char *host, char *out, size_t out_len);
 void dshim_log_write(dshim_log_level_t level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* The same line, written whatever DSHIM_DEBUG says: for a module that has its

@@ -233,40 +233,6 @@ static uint64_t realtime_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* DSHIM_TIMELINE with %r (world rank), %p (pid), %h (host), %% expanded. */
-static void expand_name(const char *pattern, int rank, char *out, size_t cap)
-{
-    size_t o = 0;
-    for (const char *p = pattern; *p && o + 1 < cap; p++) {
-        char tmp[128];
-        const char *ins = NULL;
-        if (p[0] == '%' && p[1]) {
-            p++;
-            if (*p == 'r') {
-                snprintf(tmp, sizeof(tmp), "%d", rank);
-            } else if (*p == 'p') {
-                snprintf(tmp, sizeof(tmp), "%d", (int)getpid());
-            } else if (*p == 'h') {
-                snprintf(tmp, sizeof(tmp), "%s", dshim_log_hostname());
-            } else {
-                tmp[0] = *p;
-                tmp[1] = '\0';
-            }
-            ins = tmp;
-        }
-        if (ins) {
-            size_t n = strlen(ins);
-            if (o + n >= cap) {
-                n = cap - o - 1;
-            }
-            memcpy(out + o, ins, n);
-            o += n;
-        } else {
-            out[o++] = *p;
-        }
-    }
-    out[o] = '\0';
-}
 
 static void mkdir_parents(const char *path)
 {
@@ -343,7 +309,7 @@ static void tl_create_locked(void)
         rank = (int)(cfg->rank >= 0 ? cfg->rank : cfg->env_rank);
     }
     char path[4096];
-    expand_name(pattern, rank, path, sizeof(path));
+    dshim_expand_name(pattern, rank, dshim_log_hostname(), path, sizeof(path));
     mkdir_parents(path);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (!tl.buf) {
