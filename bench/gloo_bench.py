@@ -121,13 +121,24 @@ def bench_size(dist, torch, size, rank, n, min_time):
         raise SystemExit(f"gloo_bench: rank {rank}: wrong allreduce result at {size} bytes")
     del chk
     buf = torch.zeros(count, dtype=torch.float32)
+    tl = time_op(dist, torch, lambda: dist.all_reduce(buf, op=dist.ReduceOp.SUM), min_time)
+    med = statistics.median(tl)
+    algbw = size / med / 1e9
+    return dict(impl="gloo", transport="tcp", np=n, op="allreduce", dtype="float32",
+                bytes=size, iters=len(tl), time_us=round(med * 1e6, 3),
+                min_us=round(min(tl) * 1e6, 3), algbw=algbw,
+                busbw=algbw * 2.0 * (n - 1) / n)
 
+
+def time_op(dist, torch, op, min_time):
+    """Seconds per call of op(): warm-up until rank 0's clock says enough, iterations from rank 0's
+    estimate, and each iteration's time as its slowest rank saw it (max over ranks)."""
     dist.barrier()
     t0 = time.perf_counter()
     warm = 0
     flag = torch.zeros(1, dtype=torch.int32)
     while True:
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        op()
         warm += 1
         # rank 0's clock decides so every rank leaves the loop together
         flag[0] = 1 if (warm >= MIN_ITERS and time.perf_counter() - t0 >= WARM_MIN_S) else 0
@@ -144,46 +155,17 @@ def bench_size(dist, torch, size, rank, n, min_time):
     dist.barrier()
     for i in range(iters):
         s = time.perf_counter()
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        op()
         times[i] = time.perf_counter() - s
     # an iteration is done only when its slowest rank is done
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    tl = times.tolist()
-    med = statistics.median(tl)
-    algbw = size / med / 1e9
-    return dict(impl="gloo", transport="tcp", np=n, op="allreduce", dtype="float32",
-                bytes=size, iters=iters, time_us=round(med * 1e6, 3),
-                min_us=round(min(tl) * 1e6, 3), algbw=algbw,
-                busbw=algbw * 2.0 * (n - 1) / n)
+    return times.tolist()
 
 
 def bench_barrier(dist, torch, n, min_time):
-    """dist.barrier() timed like one allreduce size (warm-up, rank 0's count, max over ranks)."""
-    dist.barrier()
-    t0 = time.perf_counter()
-    warm = 0
-    flag = torch.zeros(1, dtype=torch.int32)
-    while True:
-        dist.barrier()
-        warm += 1
-        flag[0] = 1 if (warm >= MIN_ITERS and time.perf_counter() - t0 >= WARM_MIN_S) else 0
-        dist.broadcast(flag, src=0)
-        if flag.item():
-            break
-    t_warm = (time.perf_counter() - t0) / warm
-    it = torch.tensor([min(MAX_ITERS, max(MIN_ITERS, math.ceil(min_time / t_warm)))],
-                      dtype=torch.int64)
-    dist.broadcast(it, src=0)
-    iters = int(it.item())
-    times = torch.zeros(iters, dtype=torch.float64)
-    dist.barrier()
-    for i in range(iters):
-        s = time.perf_counter()
-        dist.barrier()
-        times[i] = time.perf_counter() - s
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    tl = times.tolist()
-    return dict(impl="gloo", transport="tcp", np=n, op="barrier", bytes=0, iters=iters,
+    """dist.barrier() timed like one allreduce size."""
+    tl = time_op(dist, torch, dist.barrier, min_time)
+    return dict(impl="gloo", transport="tcp", np=n, op="barrier", bytes=0, iters=len(tl),
                 time_us=round(statistics.median(tl) * 1e6, 3), min_us=round(min(tl) * 1e6, 3))
 
 
