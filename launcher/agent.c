@@ -26,6 +26,7 @@
 #include "config.h"
 #include "frame.h"
 #include "log.h"
+#include "net.h"
 #include "pump.h"
 #include "signals.h"
 #include "spec.h"
@@ -371,6 +372,33 @@ static void supervise(agent_t *ag)
     run_pollset_free(&ps);
 }
 
+/* Every process ended and one failed: the controller's request for their
+ * dumps (collect.h) is on its way, or just passed the last reap.  Answers it
+ * before this agent goes; a "K", the lifeline's end or RUN_COLLECT_LINGER_S
+ * ends the wait. */
+static void linger_for_request(agent_t *ag)
+{
+    double deadline = dshim_now() + RUN_COLLECT_LINGER_S;
+    run_pollset_t ps = {0};
+    while (ag->watch_stdin && run_collect_agent_awaits_request()) {
+        int ms = poll_collection(ag);  /* a request that came: its answer (the processes ended: at once) */
+        double left = deadline - dshim_now();
+        if (!run_collect_agent_awaits_request() || left <= 0) {
+            break;
+        }
+        int wait_ms = (int)(left * 1000) + 1;
+        run_pollset_clear(&ps);
+        int stdin_entry = run_pollset_add_fd(&ps, 0);
+        if (run_pollset_wait(&ps, ms >= 0 && ms < wait_ms ? ms : wait_ms) < 0) {
+            break;
+        }
+        if (run_pollset_ready(&ps, stdin_entry)) {
+            read_lifeline(ag);
+        }
+    }
+    run_pollset_free(&ps);
+}
+
 int run_agent_main(bool rank_mode)
 {
     if (run_signals_catch() != 0) {
@@ -392,6 +420,9 @@ int run_agent_main(bool rank_mode)
         begin_stop(&ag);
     }
     supervise(&ag);
+    if (ag.first_bad) {
+        linger_for_request(&ag);
+    }
     /* a request for dumps that came as the last processes ended is answered still */
     poll_collection(&ag);
     run_collect_agent_end();

@@ -141,6 +141,7 @@ static struct {
     char dir[PATH_MAX];
     bool usable, owned;
     bool collected;       /* the controller has copies of what was here */
+    bool answered_failure;  /* shipped for a collection after a failure */
     run_linebuf_t lb;
     bool want;
     int want_mode, want_sig, want_no;
@@ -422,6 +423,12 @@ static void ship(void)
     int n = snprintf(text, sizeof(text), "%d %d", ag.no, files);
     run_frame_write(1, RUN_FRAME_COLLECTED, -1, 0, 0, text, (size_t)n);
     ag.collected = true;
+    ag.answered_failure |= ag.mode == RUN_COLLECT_FAILURE;
+}
+
+bool run_collect_agent_awaits_request(void)
+{
+    return ag.usable && !ag.answered_failure;
 }
 
 int run_collect_agent_poll(const run_collect_proc_t *procs, int n)

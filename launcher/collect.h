@@ -84,6 +84,14 @@ void run_collect_agent_input(const char *buf, size_t n);
 /* Every round of the agent's loop: starts, watches and ends a collection.
  * Returns the longest the loop may sleep (ms), -1 when nothing is going on. */
 int run_collect_agent_poll(const run_collect_proc_t *procs, int n);
+/* Whether a request for dumps may still come that this agent has not
+ * answered: it has a dump directory and has not yet shipped after a failure.
+ * An agent whose processes all ended, one of them failing, waits for it (at
+ * most RUN_COLLECT_LINGER_S): the controller sends it on the first failure,
+ * which is often this agent's own report, and an agent gone before the
+ * request arrived took its processes' dumps with it. */
+bool run_collect_agent_awaits_request(void);
+#define RUN_COLLECT_LINGER_S 1.0
 /* At the agent's end: its directory goes when dshim-run made it and the
  * controller has copies (or it is empty). */
 void run_collect_agent_end(void);

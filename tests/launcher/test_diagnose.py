@@ -73,7 +73,8 @@ print("rank %d done after %d steps" % (rank, step), flush=True)
 
 # The NCCL C API of libdshim.so (preloaded by dshim-run), called through ctypes on host buffers:
 # rank 0 makes the unique id and hands it over in a file; STEPS ncclAllReduce calls, then SKIP_RANK
-# skips the last one.  Exits 1 when a call fails (the others' timeout).
+# skips the last one.  Exits 1 when a call fails (the others' timeout).  FAIL_TOGETHER=1: every rank
+# writes its dump (dshim_trace_dump) and exits 1 right after the last call, all at once.
 NCCL_JOB = """
 import ctypes, os, sys, time
 d = sys.argv[1]
@@ -109,6 +110,9 @@ for step in range(steps + 1):
     if rc != 0:
         print("rank %d: ncclAllReduce: %s" % (rank, lib.ncclGetErrorString(rc).decode()), flush=True)
         sys.exit(1)
+if os.environ.get("FAIL_TOGETHER"):
+    assert lib.dshim_trace_dump() == 0
+    os._exit(1)
 print("rank %d done" % rank, flush=True)
 """
 
@@ -281,6 +285,29 @@ def test_nccl_api_on_host_buffers(run, write_script, workdir, no_leftovers, libd
     assert m, describe(res)
     assert re.search(r"^rank 1 \(host \S+, pid \d+\) has not called any collective for .* \(last: allreduce #%d done\)$"
                      % (int(m.group(1)) - 1), text, re.M), describe(res)
+    no_leftovers()
+
+
+def test_whole_host_fails_at_once(run, write_script, workdir, no_leftovers, libdshim):
+    """Every process of the (only) host writes its dump and exits 1 at the same moment: the agent
+    reaps them all before the controller's request for the dumps arrives, and waits for it
+    (RUN_COLLECT_LINGER_S) instead of ending with the dumps unsent (the CI failure of 2c in
+    test_multihost.sh: "ranks 0,1 left no dump")."""
+    syms = subprocess.run(["nm", "-D", str(libdshim)], capture_output=True, text=True).stdout
+    if " T ncclAllReduce" not in syms:
+        pytest.skip("libdshim.so was built without the NCCL API (no nccl.h)")
+    script = write_script("nccl_job.py", NCCL_JOB)
+    for attempt in range(3):
+        (workdir / "nccl-id").unlink(missing_ok=True)  # rank 0 makes a new one
+        res = run(["--nproc-per-node", 3, "--master-port", 0, script, workdir],
+                  env={"FAIL_TOGETHER": 1, "STEPS": 2}, timeout=90)
+        assert res.rc == 1, describe(res)
+        header, lines = diagnosis_lines(res.err)
+        assert header, describe(res)
+        d = dump_dir_of(header)
+        dumps = sorted(p.name for p in d.glob("dshim-trace.*.jsonl"))
+        assert len(dumps) == 3, f"attempt {attempt}: {dumps}\n" + describe(res)
+        assert "left no dump" not in res.err, describe(res)
     no_leftovers()
 
 
