@@ -59,6 +59,60 @@ dshim_status_t dshim_allreduce_rd(dshim_comm_t *comm, const dshim_coll_sig_t *si
     return DSHIM_OK;
 }
 
+dshim_status_t dshim_allreduce_direct(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf, void *rbuf,
+                                      size_t count)
+{
+    int n = comm->size, r = comm->rank;
+    size_t es = dshim_dtype_size((dshim_dtype_t)sig->dtype);
+    dshim_xfer_op_t ops_stack[4 * 16];
+    dshim_xfer_op_t *ops = ops_stack;
+    size_t nops = (size_t)4 * (size_t)(n - 1);
+    if (nops > sizeof(ops_stack) / sizeof(ops_stack[0])) {
+        ops = calloc(nops, sizeof(*ops));
+        if (!ops) {
+            return dshim_error(DSHIM_ERR_NOMEM, "out of memory for a direct allreduce over %d ranks", n);
+        }
+    }
+    const char *sb = sbuf;
+    char *rb = rbuf;
+    size_t mo, ml;
+    dshim_part(count, n, r, &mo, &ml);
+    int k = 0;
+    /* reduce-scatter: part p goes to rank p; my part gathers everyone's,
+     * folded in a fixed order (r+1, r+2, ...: only this rank computes it, so
+     * only the order across runs matters), chunk by chunk behind the previous
+     * fold (dep) */
+    dshim_xfer_op_t *fold = NULL;
+    for (int i = 1; i < n; i++) {
+        int to = mod(r + i, n), from = mod(r - i, n);
+        size_t po, pl;
+        dshim_part(count, n, to, &po, &pl);
+        ops[k] = dshim_xf_send(to, sb + po * es, pl * es);
+        ops[k + 1] = dshim_xf_recv_reduce(from, rb + mo * es, fold ? rb + mo * es : sb + mo * es, ml * es, 1);
+        ops[k + 1].dep = fold;
+        ops[k + 1].avg_div = i == n - 1 && sig->redop == DSHIM_AVG;
+        fold = &ops[k + 1];
+        k += 2;
+    }
+    /* allgather: my reduced part to everyone, as it is folded (dep); the
+     * others' parts into place.  In place (sb == rb) a part p arrives only
+     * after rank p folded what I sent of it, i.e. after it left my buffer. */
+    for (int i = 1; i < n; i++) {
+        int to = mod(r + i, n), from = mod(r - i, n);
+        size_t po, pl;
+        dshim_part(count, n, from, &po, &pl);
+        ops[k] = dshim_xf_send(to, rb + mo * es, ml * es);
+        ops[k].dep = fold;
+        ops[k + 1] = dshim_xf_recv(from, rb + po * es, pl * es);
+        k += 2;
+    }
+    dshim_status_t st = dshim_xfer(comm, sig, ops, k);
+    if (ops != ops_stack) {
+        free(ops);
+    }
+    return st;
+}
+
 dshim_status_t dshim_allreduce_ring(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf, void *rbuf,
                                     size_t count)
 {
@@ -183,6 +237,8 @@ dshim_status_t dshim_algo_allreduce(dshim_comm_t *comm, dshim_request_t *req)
             memcpy(req->rbuf, req->sbuf, bytes);
         }
         return dshim_allreduce_rd(comm, &req->sig, req->rbuf, req->count);
+    case DSHIM_AR_DIRECT:
+        return dshim_allreduce_direct(comm, &req->sig, req->sbuf, req->rbuf, req->count);
     case DSHIM_AR_RING:
         break;
     }

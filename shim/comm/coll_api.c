@@ -556,6 +556,8 @@ const char *dshim_algo_name(const dshim_comm_t *comm, const dshim_request_t *req
             return "rd";
         case DSHIM_AR_RING:
             return "ring";
+        case DSHIM_AR_DIRECT:
+            return "direct";
         }
         return NULL;
     case DSHIM_COLL_BROADCAST:

@@ -90,6 +90,7 @@ struct dshim_comm {
     size_t chunk_bytes, small_msg_bytes;
     double timeout_s;
     long spin_us;
+    int spin_yields;               /* more ranks than cores on this host: every poll of a spin yields */
     int check_sig;
     int algo;                      /* DSHIM_ALGO_* */
 
@@ -126,7 +127,7 @@ struct dshim_comm {
     int nhosts;
 };
 
-enum { DSHIM_ALGO_AUTO = 0, DSHIM_ALGO_RING, DSHIM_ALGO_RD, DSHIM_ALGO_HIER };
+enum { DSHIM_ALGO_AUTO = 0, DSHIM_ALGO_RING, DSHIM_ALGO_RD, DSHIM_ALGO_HIER, DSHIM_ALGO_DIRECT };
 
 /* This process's pid, without a system call (refreshed after fork). */
 pid_t dshim_self_pid(void);

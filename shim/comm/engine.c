@@ -20,20 +20,24 @@ void dshim_engine_init(dshim_comm_t *comm)
     comm->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 1e9;
     comm->spin_us = cfg->spin_us;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cpus > 0 && comm->nlocal > cpus && !dshim_config_is_set("DSHIM_SPIN_US")) {
-        /* more ranks than cores here: a spinning rank only delays the one it
-         * waits for, so block at once */
-        comm->spin_us = 0;
-    }
+    /* More ranks than cores here: the peer a rank waits for is then often
+     * runnable but not running.  A rank that slept on the doorbell at once
+     * paid a futex wake-up and a trip through the scheduler per step (a 4 KiB
+     * allreduce at N=4 on 2 cores took 2-3x its time that way); one that
+     * pause-spins holds the core its peer needs.  So it spins, but yields the
+     * core on every poll: the peer runs at once, and the spin costs nothing
+     * while the peer has work (docs/benchmarks.md, "Ranks outnumber cores"). */
+    comm->spin_yields = cpus > 0 && comm->nlocal > cpus;
     comm->check_sig = cfg->check_collectives;
     comm->reduce = dshim_reduce_cpu_ops(cfg->reduce_isa);
     const char *a = cfg->algo;
     comm->algo = !strcasecmp(a, "ring") ? DSHIM_ALGO_RING
                : !strcasecmp(a, "rd")   ? DSHIM_ALGO_RD
                : !strcasecmp(a, "hier") ? DSHIM_ALGO_HIER
+               : !strcasecmp(a, "direct") ? DSHIM_ALGO_DIRECT
                                         : DSHIM_ALGO_AUTO;
     if (strcasecmp(a, "auto") && comm->algo == DSHIM_ALGO_AUTO) {
-        DSHIM_WARN("DSHIM_ALGO=%s is not one of auto, ring, rd, hier; using auto", a);
+        DSHIM_WARN("DSHIM_ALGO=%s is not one of auto, ring, rd, hier, direct; using auto", a);
     }
 }
 
@@ -266,7 +270,10 @@ static void *progress_main(void *arg)
  * two cores: those context switches were most of its completion thread's CPU). */
 static int worth_spinning(const dshim_comm_t *comm, const dshim_request_t *req)
 {
-    return comm->spin_us > 0 && req->count * dshim_dtype_size(req->dtype) <= comm->small_msg_bytes;
+    /* (with more ranks than cores, the thread this one waits for is the one
+     * the core should go to: no spin at all) */
+    return comm->spin_us > 0 && !comm->spin_yields &&
+           req->count * dshim_dtype_size(req->dtype) <= comm->small_msg_bytes;
 }
 
 static dshim_status_t wait_locked(dshim_comm_t *comm, dshim_request_t *req)

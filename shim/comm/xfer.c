@@ -911,7 +911,7 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             warn_after = stall_s;
         }
         if (now - last_progress < spin_s) {
-            if ((idle_loops & 63) == 0) {
+            if (comm->spin_yields || (idle_loops & 63) == 0) {
                 sched_yield();
             } else {
                 __builtin_ia32_pause();
