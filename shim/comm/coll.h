@@ -28,6 +28,27 @@ dshim_status_t dshim_allreduce_direct(dshim_comm_t *comm, const dshim_coll_sig_t
 dshim_status_t dshim_allreduce_ring(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf, void *rbuf,
                                     size_t count);
 
+/* Where auto picks the direct allreduce (docs/benchmarks.md, "Ranks
+ * outnumber cores"): one host with more ranks than cores — each step of a
+ * ring or of recursive doubling then waits for a peer to be scheduled, and
+ * two rounds beat 2(N-1) steps or log2 N full-size exchanges — from 3 to 8
+ * ranks (every rank talks to every other), from past the small-message
+ * range (N = 3: recursive doubling's fold costs less there; N >= 4: above a
+ * quarter of it, where log2 N full copies outweigh a round) up to 4 MiB
+ * (beyond, the ring's pipelined chunks win).  The same answer on every rank:
+ * one host means one core count. */
+#define DSHIM_DIRECT_MAX_RANKS 8
+#define DSHIM_DIRECT_MAX_BYTES ((size_t)4 << 20)
+static inline int dshim_allreduce_direct_fits(const dshim_comm_t *comm, size_t bytes, size_t count)
+{
+    int n = comm->size;
+    if (comm->nhosts != 1 || !comm->spin_yields || n < 3 || n > DSHIM_DIRECT_MAX_RANKS || count < (size_t)n ||
+        bytes > DSHIM_DIRECT_MAX_BYTES) {
+        return 0;
+    }
+    return bytes > (n == 3 ? comm->small_msg_bytes : comm->small_msg_bytes / 4);
+}
+
 /* Which allreduce algorithm runs a request: decided here once, for
  * dshim_algo_allreduce and for the flight recorder's entry. */
 typedef enum { DSHIM_AR_NONE = 0, DSHIM_AR_HIER, DSHIM_AR_RD, DSHIM_AR_RING, DSHIM_AR_DIRECT } dshim_ar_choice_t;
@@ -42,6 +63,9 @@ static inline dshim_ar_choice_t dshim_allreduce_choice(const dshim_comm_t *comm,
         return DSHIM_AR_HIER;
     }
     if (comm->algo == DSHIM_ALGO_DIRECT) {
+        return DSHIM_AR_DIRECT;
+    }
+    if (comm->algo == DSHIM_ALGO_AUTO && dshim_allreduce_direct_fits(comm, bytes, req->count)) {
         return DSHIM_AR_DIRECT;
     }
     if (comm->algo == DSHIM_ALGO_RD ||
