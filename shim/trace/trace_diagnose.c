@@ -631,7 +631,8 @@ static void describe(const model_t *m, const comm_t *c, int r, const dshim_trace
         int labels = strcmp(pe->label, w->label) != 0;
         fmt_args(w, labels, wargs, sizeof(wargs));
         fmt_args(pe, labels, b, sizeof(b));
-        snprintf(out, cap, "is in %s too but with %s where the others have %s: the calls do not match", a,
+        /* (each call's arguments cut at 160 bytes: the line stays one line) */
+        snprintf(out, cap, "is in %s too but with %.160s where the others have %.160s: the calls do not match", a,
                  unparen(b), unparen(wargs));
     } else {
         snprintf(out, cap, "%sis now in %s%s%s", last, a, args, waitfor);
