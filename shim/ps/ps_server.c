@@ -3,7 +3,9 @@
  * summed until every worker pushed, then the updater runs (or the sum is
  * stored) and only then are the pushes answered; async mode applies each push
  * at once.  Runs on the calling (Python main) thread, as MXNet runs its
- * updater and controller there.  This file: the loop (accept, dispatch), the
+ * updater and controller there.  The loop never waits inside one message:
+ * it reads and writes each worker's connection as far as the socket allows
+ * (conn_t in ps_server_impl.h says why).  This file: the loop (accept, dispatch), the
  * keys, whole pushes and pulls, commands; keys pushed in pieces are in
  * ps_server_pieces.c, row_sparse keys in ps_server_rows.c. */
 #include <errno.h>
@@ -76,6 +78,106 @@ key_state_t *dshim_ps_srv_find_key(server_t *s, int key, int create)
     return k;
 }
 
+/* The error for an answer that cannot be written: the scheduler's notice
+ * names the dead worker best. */
+static dshim_status_t answer_failed(server_t *s, int worker)
+{
+    const char *f = dshim_ps_wait_failure(s->node, 2.0);
+    if (f != NULL) {
+        return dshim_error(DSHIM_ERR_PEER, "%s", f);
+    }
+    return dshim_error(DSHIM_ERR_PEER, "server %d: cannot answer worker %d: its connection closed (it died)",
+                       s->node->rank, worker);
+}
+
+/* Writes what the socket takes now: the bytes written, or -1 when the
+ * connection is gone. */
+static ssize_t write_some(int fd, const struct iovec *iov, int n)
+{
+    struct msghdr m;
+    memset(&m, 0, sizeof(m));
+    m.msg_iov = (struct iovec *)iov;
+    m.msg_iovlen = (size_t)n;
+    ssize_t r = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0) {
+        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+    }
+    return r;
+}
+
+/* Writes what is queued for worker as far as the socket takes it; -1 when
+ * the connection is gone. */
+static int conn_flush_some(server_t *s, int worker)
+{
+    conn_t *c = &s->conns[worker];
+    if (c->out_off == c->out_len) {
+        return 0;
+    }
+    struct iovec iov = {.iov_base = c->out + c->out_off, .iov_len = c->out_len - c->out_off};
+    ssize_t r = write_some(s->worker_fds[worker], &iov, 1);
+    if (r < 0) {
+        return -1;
+    }
+    c->out_off += (size_t)r;
+    if (c->out_off == c->out_len) {
+        c->out_off = c->out_len = 0;
+    }
+    return 0;
+}
+
+dshim_status_t dshim_ps_srv_flush(server_t *s, int worker, double deadline)
+{
+    conn_t *c = &s->conns[worker];
+    while (c->out_off < c->out_len) {
+        if (conn_flush_some(s, worker) != 0) {
+            return DSHIM_ERR_PEER;
+        }
+        if (c->out_off < c->out_len) {
+            struct pollfd p = {.fd = s->worker_fds[worker], .events = POLLOUT};
+            if (dshim_now() > deadline) {
+                return DSHIM_ERR_TIMEOUT;
+            }
+            poll(&p, 1, 100);
+        }
+    }
+    return DSHIM_OK;
+}
+
+/* Keeps bytes [from, len) of header + payload for the loop to write. */
+static dshim_status_t conn_queue(server_t *s, int worker, const dshim_ps_hdr_t *h, const void *payload, size_t from)
+{
+    conn_t *c = &s->conns[worker];
+    size_t total = sizeof(*h) + h->len;
+    size_t need = c->out_len + (total - from);
+    if (c->out_off > 0 && c->out_off == c->out_len) {
+        c->out_off = c->out_len = 0;
+        need = total - from;
+    }
+    if (need > c->out_cap) {
+        size_t cap = c->out_cap ? c->out_cap : 65536;
+        while (cap < need) {
+            cap *= 2;
+        }
+        char *o = realloc(c->out, cap);
+        if (o == NULL) {
+            return dshim_error(DSHIM_ERR_NOMEM, "server %d: cannot hold a %zu-byte answer to worker %d",
+                               s->node->rank, total, worker);
+        }
+        c->out = o;
+        c->out_cap = cap;
+    }
+    if (from < sizeof(*h)) {
+        memcpy(c->out + c->out_len, (const char *)h + from, sizeof(*h) - from);
+        c->out_len += sizeof(*h) - from;
+        from = sizeof(*h);
+    }
+    if (total > from) {
+        memcpy(c->out + c->out_len, (const char *)payload + (from - sizeof(*h)), total - from);
+        c->out_len += total - from;
+    }
+    return DSHIM_OK;
+}
+
 dshim_status_t dshim_ps_srv_reply(server_t *s, int worker, uint32_t seq, int type, const void *payload, size_t len)
 {
     dshim_ps_hdr_t h;
@@ -84,16 +186,23 @@ dshim_status_t dshim_ps_srv_reply(server_t *s, int worker, uint32_t seq, int typ
     DSHIM_PS_TRACE(&s->node->env, s->node->rank, "%s seq %u (%zu bytes) -> worker %d", dshim_ps_msg_name(type),
                    seq, len, worker);
     s->node->bytes_out += len;
-    dshim_status_t st = dshim_ps_send(s->worker_fds[worker], &h, payload, dshim_now() + s->node->env.timeout_s);
-    if (st != DSHIM_OK) {
-        const char *f = dshim_ps_wait_failure(s->node, 2.0);
-        if (f != NULL) {
-            return dshim_error(DSHIM_ERR_PEER, "%s", f);
-        }
-        return dshim_error(DSHIM_ERR_PEER, "server %d: cannot answer worker %d: its connection closed (it died)",
-                           s->node->rank, worker);
+    conn_t *c = &s->conns[worker];
+    if (s->worker_fds[worker] < 0 || conn_flush_some(s, worker) != 0) {
+        return answer_failed(s, worker);
     }
-    return DSHIM_OK;
+    ssize_t done = 0;
+    if (c->out_off == c->out_len) {
+        /* nothing queued before it: as much as the socket takes goes now */
+        struct iovec iov[2] = {{.iov_base = &h, .iov_len = sizeof(h)}, {.iov_base = (void *)payload, .iov_len = len}};
+        done = write_some(s->worker_fds[worker], iov, len > 0 ? 2 : 1);
+        if (done < 0) {
+            return answer_failed(s, worker);
+        }
+    }
+    if ((size_t)done == sizeof(h) + len) {
+        return DSHIM_OK;
+    }
+    return conn_queue(s, worker, &h, payload, (size_t)done);
 }
 
 dshim_status_t dshim_ps_srv_reply_error(server_t *s, int worker, uint32_t seq, const char *text)
@@ -382,7 +491,21 @@ static dshim_status_t recv_payload(server_t *s, int fd, uint64_t len, double dea
     }
 }
 
-static dshim_status_t handle_message(server_t *s, int worker)
+/* The error for a connection that ended or broke inside a message. */
+static dshim_status_t worker_gone(server_t *s, int worker)
+{
+    /* the scheduler's notice names the dead process best: give it a moment */
+    const char *f = dshim_ps_wait_failure(s->node, 2.0);
+    if (f != NULL) {
+        return dshim_error(DSHIM_ERR_PEER, "%s", f);
+    }
+    return dshim_error(DSHIM_ERR_PEER, "server %d: worker %d closed its connection: it died", s->node->rank, worker);
+}
+
+static dshim_status_t dispatch(server_t *s, int worker, dshim_ps_hdr_t h);
+
+/* One whole message from worker, waiting for it (tests/fuzz/fuzz_ps.c). */
+__attribute__((unused)) static dshim_status_t handle_message(server_t *s, int worker)
 {
     int fd = s->worker_fds[worker];
     double deadline = dshim_now() + s->node->env.timeout_s;
@@ -395,13 +518,88 @@ static dshim_status_t handle_message(server_t *s, int worker)
         }
     }
     if (st != DSHIM_OK) {
-        /* the scheduler's notice names the dead process best: give it a moment */
-        const char *f = dshim_ps_wait_failure(s->node, 2.0);
-        if (f != NULL) {
-            return dshim_error(DSHIM_ERR_PEER, "%s", f);
-        }
-        return dshim_error(DSHIM_ERR_PEER, "server %d: worker %d closed its connection: it died", s->node->rank, worker);
+        return worker_gone(s, worker);
     }
+    return dispatch(s, worker, h);
+}
+
+/* Reads what worker's connection has (the loop's way): at most one message
+ * is handled per call, so every connection gets its turn; a message still
+ * arriving is kept in the connection's state. */
+static dshim_status_t conn_read(server_t *s, int worker)
+{
+    conn_t *c = &s->conns[worker];
+    int fd = s->worker_fds[worker];
+    for (;;) {
+        char *dst;
+        size_t want;
+        if (c->hgot < sizeof(c->h)) {
+            dst = (char *)&c->h + c->hgot;
+            want = sizeof(c->h) - c->hgot;
+        } else {
+            /* grown with the bytes that really come, not with the length the
+             * header claims (as recv_payload: found by tests/fuzz/fuzz_ps) */
+            if (c->got + 1 >= c->cap && c->cap < (size_t)c->h.len + 1) {
+                size_t grow = c->cap < ((size_t)1 << 20) ? ((size_t)1 << 20) : c->cap * 2;
+                grow = grow < (size_t)c->h.len + 1 ? grow : (size_t)c->h.len + 1;
+                char *b = realloc(c->buf, grow);
+                if (b == NULL) {
+                    return dshim_error(DSHIM_ERR_NOMEM, "server: cannot hold a %llu-byte message",
+                                       (unsigned long long)c->h.len);
+                }
+                c->buf = b;
+                c->cap = grow;
+            }
+            dst = c->buf + c->got;
+            size_t upto = c->cap - 1 < (size_t)c->h.len ? c->cap - 1 : (size_t)c->h.len;
+            want = upto - c->got;
+        }
+        if (want > 0) {
+            ssize_t r = recv(fd, dst, want, MSG_DONTWAIT);
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+                return DSHIM_OK; /* the rest comes later */
+            }
+            if (r <= 0) {
+                return worker_gone(s, worker);
+            }
+            if (c->hgot < sizeof(c->h)) {
+                c->hgot += (size_t)r;
+                if (c->hgot < sizeof(c->h)) {
+                    continue;
+                }
+                if (c->h.magic != DSHIM_PS_MAGIC || c->h.len >= SIZE_MAX) {
+                    return worker_gone(s, worker);
+                }
+                c->got = 0;
+            } else {
+                c->got += (size_t)r;
+            }
+        }
+        if (c->hgot < sizeof(c->h) || c->got < (size_t)c->h.len) {
+            continue;
+        }
+        if (c->buf == NULL && (c->buf = malloc(1)) != NULL) {
+            c->cap = 1;
+        }
+        if (c->buf == NULL) {
+            return dshim_error(DSHIM_ERR_NOMEM, "server: out of memory");
+        }
+        /* the handlers read the payload from s->buf */
+        char *keep = s->buf;
+        size_t keep_cap = s->buf_cap;
+        s->buf = c->buf;
+        s->buf_cap = c->cap;
+        dshim_ps_hdr_t h = c->h;
+        c->hgot = c->got = 0;
+        dshim_status_t st = dispatch(s, worker, h);
+        s->buf = keep;
+        s->buf_cap = keep_cap;
+        return st;
+    }
+}
+
+static dshim_status_t dispatch(server_t *s, int worker, dshim_ps_hdr_t h)
+{
     s->buf[h.len] = '\0';
     s->node->bytes_in += h.len;
     DSHIM_PS_TRACE(&s->node->env, s->node->rank, "%s key %d (%llu bytes, seq %u) <- worker %d",
@@ -427,7 +625,9 @@ static dshim_status_t handle_message(server_t *s, int worker)
         s->node->n_cmd++;
         return handle_command(s, worker, &h);
     case DSHIM_PS_MSG_BYE:
-        /* the worker leaves on purpose: the end of its connection is no death */
+        /* the worker leaves on purpose: the end of its connection is no death;
+         * it waited for its answers, so nothing it wants is still queued */
+        s->conns[worker].out_off = s->conns[worker].out_len = 0;
         close(s->worker_fds[worker]);
         s->worker_fds[worker] = -1;
         s->departed++;
@@ -493,6 +693,11 @@ static void server_free(server_t *s)
     }
     free(s->keys);
     free(s->buf);
+    for (int i = 0; s->conns != NULL && i < s->node->env.num_workers; i++) {
+        free(s->conns[i].buf);
+        free(s->conns[i].out);
+    }
+    free(s->conns);
     free(s->last);
     for (int i = 0; i < s->node->env.num_workers; i++) {
         if (s->worker_fds[i] >= 0) {
@@ -514,9 +719,12 @@ static int server_init(server_t *s, dshim_ps_node_t *node, const dshim_ps_server
     int nw = node->env.num_workers;
     s->worker_fds = malloc(sizeof(int) * (size_t)nw);
     s->last = calloc((size_t)nw, sizeof(*s->last));
-    if (s->worker_fds == NULL || s->last == NULL) {
+    s->conns = calloc((size_t)nw, sizeof(*s->conns));
+    if (s->worker_fds == NULL || s->last == NULL || s->conns == NULL) {
         free(s->last);
         s->last = NULL;
+        free(s->conns);
+        s->conns = NULL;
         return -1;
     }
     for (int i = 0; i < nw; i++) {
@@ -552,7 +760,7 @@ dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_
     while (!s.stop && st == DSHIM_OK) {
         for (int i = 0; i < nw; i++) {
             pfds[i].fd = s.worker_fds[i];
-            pfds[i].events = POLLIN;
+            pfds[i].events = (short)(POLLIN | (s.conns[i].out_off < s.conns[i].out_len ? POLLOUT : 0));
             pfds[i].revents = 0;
         }
         pfds[nw].fd = s.nconnected < nw ? node->listen_fd : -1;
@@ -577,12 +785,20 @@ dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_
             accept_worker(&s);
         }
         for (int i = 0; i < nw && st == DSHIM_OK && !s.stop; i++) {
-            if (dshim_ps_conn_ready(&pfds[i])) {
-                st = handle_message(&s, i);
+            if (pfds[i].fd >= 0 && (pfds[i].revents & POLLOUT) && conn_flush_some(&s, i) != 0) {
+                st = answer_failed(&s, i);
+            } else if (dshim_ps_conn_ready(&pfds[i])) {
+                st = conn_read(&s, i);
             }
         }
         if (st == DSHIM_OK && !s.stop) {
             st = dshim_ps_srv_check_stalls(&s); /* a round no worker pushed for long: warn, or end the job */
+        }
+    }
+    /* the last answers (kStopServer's among them) still go out */
+    for (int i = 0; i < nw && st == DSHIM_OK; i++) {
+        if (s.worker_fds[i] >= 0 && dshim_ps_srv_flush(&s, i, dshim_now() + node->env.timeout_s) != DSHIM_OK) {
+            st = answer_failed(&s, i);
         }
     }
     server_free(&s);

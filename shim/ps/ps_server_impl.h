@@ -70,10 +70,29 @@ typedef struct last_push {
     double t;
 } last_push_t;
 
+/* A worker's data connection as the loop sees it.  The loop never waits
+ * inside one message: it reads what has arrived (a push from another host
+ * comes at the link's rate while its neighbour's push over loopback is
+ * ready at once) and writes what the socket takes, keeping the rest of an
+ * answer here (the stored value may change before the socket drains, so the
+ * rest is a copy: ps-lite copies every answer).  Measured on 2 hosts with
+ * 1 Gbit/s links (docs/mxnet.md): whole-message reads and writes made a
+ * worker's push wait behind a remote transfer of another key for 40-80 ms. */
+typedef struct conn {
+    dshim_ps_hdr_t h; /* the message being read */
+    size_t hgot;      /* header bytes read */
+    char *buf;        /* its payload */
+    size_t cap;
+    size_t got;
+    char *out; /* answer bytes not yet taken by the socket: [out_off, out_len) */
+    size_t out_off, out_len, out_cap;
+} conn_t;
+
 typedef struct server {
     dshim_ps_node_t *node;
     const dshim_ps_server_ops_t *ops;
     int *worker_fds; /* by worker rank */
+    conn_t *conns;   /* by worker rank */
     int nconnected;
     int departed; /* workers that said goodbye */
     int all_left; /* every worker left without kStopServer */
@@ -101,6 +120,9 @@ typedef struct server {
 key_state_t *dshim_ps_srv_find_key(server_t *s, int key, int create);
 /* Answers worker's request seq with a message of `type` carrying payload. */
 dshim_status_t dshim_ps_srv_reply(server_t *s, int worker, uint32_t seq, int type, const void *payload, size_t len);
+/* Writes what is queued for worker until done or the deadline (a message
+ * written straight to its socket must not cut into a queued one). */
+dshim_status_t dshim_ps_srv_flush(server_t *s, int worker, double deadline);
 /* Answers with DSHIM_PS_MSG_ERROR carrying `text` (also printed on stderr). */
 dshim_status_t dshim_ps_srv_reply_error(server_t *s, int worker, uint32_t seq, const char *text);
 /* The round's merged pushes become key k's value (through the updater, if any). */

@@ -645,7 +645,7 @@ dshim_status_t dshim_ps_srv_check_stalls(server_t *s)
     dshim_ps_hdr_t h;
     dshim_ps_hdr_init(&h, DSHIM_PS_MSG_ERROR, 0, strlen(text));
     for (int w = 0; w < env->num_workers; w++) {
-        if (s->worker_fds[w] >= 0) {
+        if (s->worker_fds[w] >= 0 && dshim_ps_srv_flush(s, w, now + 1.0) == DSHIM_OK) {
             dshim_ps_send(s->worker_fds[w], &h, text, now + 1.0);
         }
     }
