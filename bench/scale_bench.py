@@ -345,7 +345,7 @@ def shm_maps(pid):
             for line in f:
                 p = line.split()
                 # shared mappings of inbox files (DSHIM_SHM_DIR, default /dev/shm; the files are
-                # unlinked once every peer mapped them, so the line ends in "(deleted)")
+                # unlinked right after creation, so the line ends in "(deleted)")
                 if len(p) >= 6 and p[1].endswith("s") and os.path.basename(p[5]).startswith("dshim-"):
                     lo, hi = (int(x, 16) for x in p[0].split("-"))
                     segs.add(p[5])
@@ -703,42 +703,43 @@ class Report:
         if c:
             su, cn = c["store_startup"], c["np"]
             out += [f"**Start-up messages: O(N) per rank, O(N²) at the store.** Each rank sends the store "
-                    f"N + 2 requests (N + 3 for the last one to arrive): one SET of its peer record "
-                    f"(`c0/peer/R`: address, port, pid, host, shm inbox name), N − 1 GETs of every other "
-                    f"rank's record (parked at the store until set, no polling), then the shm transport's "
-                    f"store barrier (one ADD, one GET of `barrier/shm/done`, one SET by the last rank); "
-                    f"measured {min(su)}–{max(su)} at N = {cn}, {c['store_keys'].get('GET peer/R', 0) // max(1, len(su))} "
-                    f"of them record GETs. That meets the issue's bound (O(N) per rank) but no better: "
-                    f"all N(N + 2) ≈ {round(statistics.mean(su) * cn)} requests go through one store, "
-                    f"one round trip each, so the store's work grows as N².", "",
-                    f"**Connections: a full mesh.** `bootstrap.c` step 3 connects every rank to every "
-                    f"lower rank and accepts every higher one, each with a HELLO exchange, whatever the "
-                    f"transport: with shm the socket stays as the connection's control socket (hang-up "
-                    f"detection). Measured: {c.get('mesh_max')} data connections per rank at N = {cn} "
-                    f"(N − 1), N(N − 1)/2 = {cn * (cn - 1) // 2} in the job, plus one store connection "
-                    f"per rank (rank 0 holds {c.get('rank0_established')} sockets: its mesh, its store "
-                    f"client, and the store's end of every rank's connection). The algorithms need far "
-                    f"fewer: the ring 2 neighbours, recursive doubling (barrier, allreduce ≤ 64 KiB) "
-                    f"⌈log2 N⌉ partners (+1 when N is not a power of two), i.e. {math.ceil(math.log2(cn))} at "
-                    f"N = {cn}. **So start-up is a full mesh today**, which the issue asks to avoid; "
-                    f"this task only measures it (bootstrap.c unchanged).", "",
-                    f"**Shared memory: N² address space per rank.** Every rank creates an inbox of N rings "
-                    f"× 4 MiB (`DSHIM_SHM_RING_SIZE`) and maps all N inboxes: {c.get('shm_segments')} "
-                    f"segments, {c.get('shm_mapped_mib', 0) / 1024:.0f} GiB of address space per rank at "
-                    f"N = {cn} (4·N² MiB; only touched pages use memory, and the files are unlinked once "
-                    f"every peer mapped them: nothing is left in /dev/shm).", ""]
+                    f"N requests: one SET of its peer record (`c0/peer/R`: address, port, pid, host, how to "
+                    f"open its shm inbox) and N − 1 GETs of every other rank's record (parked at the store "
+                    f"until set, no polling); measured {min(su)}–{max(su)} at N = {cn}, "
+                    f"{c['store_keys'].get('GET peer/R', 0) // max(1, len(su))} of them record GETs. That "
+                    f"meets the issue's bound (O(N) per rank): the records give every rank the host ids "
+                    f"(hierarchy, shm or TCP per pair) without asking anyone, but all N² ≈ "
+                    f"{round(statistics.mean(su) * cn)} requests go through one store, one round trip each.",
+                    "",
+                    f"**Connections: on first use.** `bootstrap.c` connects nothing at init: each rank keeps "
+                    f"its data listener open (one listening socket, served by an acceptor thread) and a "
+                    f"connection is made, with a HELLO exchange, the first time an operation needs that "
+                    f"peer (as NCCL, gloo and UCX do). The census looks 0.1 s after start-up, when the "
+                    f"first barriers (recursive doubling: ⌈log2 N⌉ partners, +1 when N is not a power of "
+                    f"two, i.e. {math.ceil(math.log2(cn))} at N = {cn}) have run: {c.get('mesh_max')} data "
+                    f"connections per rank at N = {cn}, against N − 1 = {cn - 1} for a full mesh; the ring "
+                    f"(allreduce > 64 KiB) adds its 2 neighbours, alltoall connects everyone. Rank 0 holds "
+                    f"{c.get('rank0_established')} sockets: its connections, its store client, and the "
+                    f"store's end of every rank's connection.", "",
+                    f"**Shared memory: one inbox per peer talked to.** Every rank creates an inbox of N "
+                    f"rings × 4 MiB (`DSHIM_SHM_RING_SIZE`; only rings that carry data get pages) and maps "
+                    f"a peer's inbox when it first connects to that peer: {c.get('shm_segments')} segments, "
+                    f"{c.get('shm_mapped_mib', 0):.0f} MiB of address space per rank at N = {cn} (a full "
+                    f"mesh would map N: 4·N² MiB). The files are unlinked as soon as they are created "
+                    f"(peers open them through the owner's descriptor): nothing is ever left in /dev/shm.",
+                    ""]
         out += [f"**Start-up time** (max over ranks: exponent {k('dshim', 'init')} for dshim, "
                 f"{k('openmpi', 'init')} for OpenMPI over N = 8…{nmax}; "
                 f"{v('dshim', nmax // 2, 'init')} at N = {nmax // 2}, {v('dshim', nmax, 'init')} at "
                 f"N = {nmax}; exponent {self.top_exponent('dshim', 'init')} over N = {nmax // 4}…{nmax}). "
                 f"It is not the wait for the last process to be launched: the min over "
                 f"ranks (the last rank to arrive, which waits for nobody) is {v('dshim', nmax, 'init_min')} "
-                f"at N = {nmax}. Per rank the work is O(N): N − 1 record GETs, then connects to every "
-                f"lower rank one after the other, each a round trip (HELLO) that needs the acceptor, "
-                f"another process, to be scheduled; N mmaps. With N processes on 2 cores each round "
-                f"trip waits for O(N) others to run, and the store serves its N² requests one by one, "
-                f"so the job's start-up is O(N²) in the end; at small N fixed costs (threads, the first "
-                f"store connection, process start-up) hide it, at the top of the range it shows. "
+                f"at N = {nmax}. Per rank the work is O(N): N − 1 record GETs, one listener, one inbox "
+                f"and the acceptor thread; no connection (they are made on first use, inside the first "
+                f"operations, and cost one HELLO round trip each). The store serves its N² requests "
+                f"one by one, so the job's start-up still grows faster than N at the top of the range; "
+                f"at small N fixed costs (threads, the first store connection, process start-up) hide "
+                f"it. "
                 f"`MPI_Init` takes {v('openmpi', nmax, 'init')} at N = {nmax} (ratio dshim/OpenMPI "
                 f"{self.ratio(nmax, 'init')}).", "",
                 f"**Barrier and 4 KiB allreduce** (recursive doubling, ⌈log2 N⌉ rounds; exponents "

@@ -6,7 +6,7 @@
  * its connections and sleeps through the waiter, and never asks which
  * transport it holds.
  *
- * Life of a transport in one communicator (bootstrap order):
+ * Life of a transport in one communicator:
  *  - setup (optional, only when the communicator has several ranks and
  *    DSHIM_TRANSPORT allows the transport): makes this rank's resources and
  *    writes what peers need to reach them into `addr` (published in this
@@ -14,14 +14,15 @@
  *    error: the transport warns, returns DSHIM_OK with *state_p = NULL and
  *    then reaches nobody, so the peers it would have served fall back.
  *  - reaches (optional, NULL = every peer): whether connect can serve this
- *    peer, from its peer record.
+ *    peer, from its peer record.  Both ends of a pair must come to the same
+ *    answer (the bootstrap picks a transport on each end independently).
  *  - connect: makes the connection to one peer over `fd`, the TCP socket the
  *    bootstrap handshook with it (non-blocking).  Takes ownership of fd on
- *    success only.
- *  - connected (optional): called after every rank connected (the bootstrap
- *    holds a store barrier named after the transport first, in which every
- *    rank that set it up takes part, even one whose setup found it
- *    unavailable); shm removes its segment file here.
+ *    success only.  Connections are made on first use of a peer, at any time
+ *    in the communicator's life (shim/comm/bootstrap.c), and connect may run
+ *    in two threads at once for two different peers (the one using the
+ *    communicator, and the one accepting its peers' connections): it must
+ *    touch only that peer's part of the state.
  *  - teardown (optional): frees the state, after every connection is gone.
  *
  * Waiting.  A transport whose arrivals show on the connection's socket (tcp)
@@ -110,7 +111,6 @@ struct dshim_transport {
     dshim_status_t (*setup)(const dshim_transport_comm_t *comm, void **state_p, char *addr, size_t addr_len);
     int (*reaches)(void *state, const dshim_transport_peer_t *peer);
     dshim_status_t (*connect)(void *state, const dshim_transport_peer_t *peer, int fd, dshim_conn_t **conn_p);
-    void (*connected)(void *state);
     void (*teardown)(void *state);
 
     /* waiting (both or neither) */
@@ -167,7 +167,7 @@ typedef struct dshim_waiter {
 
 typedef struct dshim_wait_set {
     struct pollfd pfd[DSHIM_WAIT_SET_MAX];
-    dshim_conn_t *conn[DSHIM_WAIT_SET_MAX];
+    dshim_conn_t *conn[DSHIM_WAIT_SET_MAX]; /* NULL: a plain descriptor (dshim_wait_set_add_fd) */
     int n;
     int by_socket;      /* entries whose socket itself signals data or room */
     unsigned wake_ups;  /* bit i: a connection of the waiter's transport i is waited on */
@@ -190,6 +190,9 @@ static inline int dshim_wait_set_full(const dshim_wait_set_t *ws)
 }
 /* Adds connection c, blocked on sending (room) or on receiving (data). */
 void dshim_wait_set_add(dshim_wait_set_t *ws, const dshim_waiter_t *w, dshim_conn_t *c, int sending);
+/* Adds a plain descriptor (no connection: a handshake's socket, an
+ * eventfd), woken by `events`. */
+void dshim_wait_set_add_fd(dshim_wait_set_t *ws, int fd, short events);
 /* Sleeps until something in ws may have changed or timeout_ms passed: on
  * the wake-up of a transport that has one (only 1 ms when sockets must be
  * watched too), then on the sockets.  DSHIM_ERR_PEER when a peer whose

@@ -60,6 +60,16 @@ void dshim_wait_set_add(dshim_wait_set_t *ws, const dshim_waiter_t *w, dshim_con
     ws->conn[ws->n++] = c;
 }
 
+void dshim_wait_set_add_fd(dshim_wait_set_t *ws, int fd, short events)
+{
+    if (dshim_wait_set_full(ws)) {
+        return;
+    }
+    ws->pfd[ws->n] = (struct pollfd){.fd = fd, .events = events, .revents = 0};
+    ws->conn[ws->n++] = NULL;
+    ws->by_socket++;
+}
+
 /* A socket that only signals death showed activity: is the peer gone? */
 static int control_socket_closed(const dshim_conn_t *c)
 {
@@ -85,7 +95,7 @@ dshim_status_t dshim_waiter_sleep(dshim_waiter_t *w, dshim_wait_set_t *ws, int t
     }
     for (int i = 0; rc > 0 && i < ws->n; i++) {
         dshim_conn_t *c = ws->conn[i];
-        if (!c->ops->wait_arm || !(ws->pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+        if (!c || !c->ops->wait_arm || !(ws->pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) {
             continue;
         }
         if (control_socket_closed(c)) {

@@ -1,16 +1,37 @@
 /*
- * Bootstrap of a communicator over an already connected store:
+ * Bootstrap of a communicator over an already connected store, and its
+ * connections, which are made on first use of a peer (as NCCL, gloo and UCX
+ * connect lazily): ring, recursive doubling and hierarchical allreduce talk
+ * to O(log N) peers, and a full mesh at init would cost every rank N-1
+ * sockets and N mapped inboxes.
+ *
+ * At init:
  *  1. listen on the data interface, publish {ip, port, pid, host id, what each
- *     transport's setup publishes (shm: its inbox)}
- *  2. read every peer's record
- *  3. full mesh: connect to lower ranks, accept higher ranks; each connection
- *     starts with a HELLO carrying a hash of the job token and communicator
- *     prefix, so strays and other jobs are rejected (logged, then ignored)
- *  4. one connection per peer through the transport the rule picks
- *     (DSHIM_TRANSPORT; see transport.h "Registry"), over that socket
- * The listener is closed afterwards: nothing can connect to a running job.
- * Transports take part through their ops only: setup before the record is
- * published, connect per peer, a store barrier and `connected` afterwards.
+ *     transport's setup publishes (shm: how to open its inbox)}
+ *  2. read every peer's record (N-1 store requests per rank): the host ids
+ *     give nlocal and the hierarchy, and each pair's transport is known
+ *     without asking anyone
+ *  3. start the acceptor thread; the listener stays open for the
+ *     communicator's life, and nothing else is connected
+ * On first use of peer r (xfer.c, through dshim_comm_connect_start/poll, in
+ * the executing thread and without blocking it):
+ *  - TCP connect to r's listener, HELLO {magic, version, hash of the job
+ *    token and the communicator prefix, rank, size}; the acceptor of r
+ *    checks it (strays and other jobs are rejected: logged, then ignored)
+ *    and answers {its own HELLO, answer}
+ *  - OK: both ends make the connection through the transport the rule picks
+ *    (DSHIM_TRANSPORT; transport.h "Registry") over that socket; the
+ *    acceptor publishes its end right after it answered (the answer is the
+ *    last handshake byte on the socket: data may follow it at once)
+ * Simultaneous connects (r and q each need the other at the same moment):
+ * the connection begun by the lower rank wins.  The acceptor of the lower
+ * rank, finding its own handshake with that peer under way, answers LOSE;
+ * the higher rank's acceptor takes the lower rank's connection as usual
+ * (its own state is only CONNECTING), and the higher rank's executor, told
+ * LOSE, waits for that connection to be published.  Decisions and
+ * publishing happen under conn_lock, so each pair ends with one connection.
+ * A communicator that failed answers FAILED: a peer connecting late learns
+ * of the failure at once instead of waiting for data that never comes.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,7 +52,7 @@
 #include "status.h"
 
 #define HELLO_MAGIC 0x43485344u /* "DSHC" */
-#define HELLO_VERSION 1
+#define HELLO_VERSION 2           /* 2: connections on first use, the answer after the reply's HELLO */
 
 typedef struct hello {
     uint32_t magic;
@@ -39,6 +61,35 @@ typedef struct hello {
     int32_t rank;
     int32_t size;
 } hello_t;
+
+/* What the acceptor answers to a HELLO: its own HELLO and one of these. */
+enum {
+    ANSWER_OK = 0,     /* this socket is the connection from now on */
+    ANSWER_LOSE = 1,   /* simultaneous connect: mine (the lower rank's) wins; wait for it */
+    ANSWER_HAVE = 2,   /* already connected (a connection of mine was accepted): wait for it */
+    ANSWER_FAILED = 3, /* my communicator failed */
+    ANSWER_ERROR = 4,  /* I could not make the connection (my log says why) */
+};
+
+typedef struct hello_reply {
+    hello_t hello;
+    int32_t answer;
+    int32_t pad;
+} hello_reply_t;
+
+/* A handshake this rank began (comm->pending[r], executor only). */
+enum { PC_IDLE = 0, PC_CONNECT, PC_SEND, PC_REPLY, PC_WAIT_WINNER };
+typedef struct dshim_pending_conn {
+    int phase;
+    int fd;
+    size_t off;
+    hello_t hello;
+    hello_reply_t reply;
+} dshim_pending_conn_t;
+
+/* Bound on reading a HELLO from a fresh connection: a silent or slow
+ * stranger holds the acceptor up that long at most. */
+#define HELLO_READ_S 5.0
 
 uint64_t dshim_token_hash(const char *token, const char *prefix)
 {
@@ -82,24 +133,6 @@ static uint64_t host_id(void)
     return dshim_token_hash(buf, "host");
 }
 
-dshim_status_t dshim_store_barrier(dshim_store_t *store, const char *prefix, const char *name, int size,
-                                   double timeout_s)
-{
-    char key[256], done[256];
-    int64_t v = 0;
-    snprintf(key, sizeof(key), "%sbarrier/%s", prefix, name);
-    snprintf(done, sizeof(done), "%sbarrier/%s/done", prefix, name);
-    DSHIM_CHECK(dshim_store_add(store, key, 1, &v));
-    if (v == size) {
-        DSHIM_CHECK(dshim_store_set(store, done, "1", 1));
-    }
-    void *val = NULL;
-    size_t len = 0;
-    DSHIM_CHECK(dshim_store_get(store, done, timeout_s, &val, &len));
-    free(val);
-    return DSHIM_OK;
-}
-
 static void describe_addr(int fd, char *out, size_t len)
 {
     struct sockaddr_in sa;
@@ -111,96 +144,6 @@ static void describe_addr(int fd, char *out, size_t len)
     } else {
         snprintf(out, len, "?");
     }
-}
-
-/* Accepts until every higher rank is connected; rejects strays. */
-static dshim_status_t accept_peers(dshim_comm_t *comm, int lfd, uint64_t th, int *fds, double deadline)
-{
-    int need = comm->size - 1 - comm->rank;
-    while (need > 0) {
-        double left = deadline - dshim_now();
-        if (left <= 0) {
-            char missing[256] = "";
-            size_t o = 0;
-            for (int r = comm->rank + 1; r < comm->size && o + 12 < sizeof(missing); r++) {
-                if (fds[r] < 0) {
-                    o += (size_t)snprintf(missing + o, sizeof(missing) - o, "%s%d", o ? ", " : "", r);
-                }
-            }
-            return dshim_error(DSHIM_ERR_TIMEOUT,
-                               "rank %d: ranks %s did not connect within DSHIM_CONNECT_TIMEOUT (%.0f s); are they "
-                               "running, and can they reach %s?",
-                               comm->rank, missing, dshim_config()->connect_timeout_s, comm->peers[comm->rank].hostname);
-        }
-        struct pollfd p = {.fd = lfd, .events = POLLIN};
-        int rc = poll(&p, 1, (int)(left * 1000) + 1);
-        if (rc <= 0) {
-            continue;
-        }
-        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) {
-            continue;
-        }
-        char from[64];
-        describe_addr(fd, from, sizeof(from));
-        hello_t h;
-        double hello_deadline = dshim_now() + 5.0;
-        if (hello_deadline > deadline) {
-            hello_deadline = deadline;
-        }
-        const char *why = NULL;
-        if (dshim_net_read_full(fd, &h, sizeof(h), hello_deadline) != DSHIM_OK) {
-            why = "no complete hello (closed or silent)";
-        } else if (h.magic != HELLO_MAGIC || h.version != HELLO_VERSION) {
-            why = "not a dshim hello (garbage or another program)";
-        } else if (h.token_hash != th) {
-            why = "wrong job token (another job, or a stray connection)";
-        } else if (h.size != comm->size || h.rank <= comm->rank || h.rank >= comm->size) {
-            why = "rank/size do not fit this communicator";
-        } else if (fds[h.rank] >= 0) {
-            why = "duplicate rank";
-        }
-        if (why) {
-            DSHIM_WARN("rank %d: rejected connection from %s: %s", comm->rank, from, why);
-            close(fd);
-            continue;
-        }
-        hello_t reply = {HELLO_MAGIC, HELLO_VERSION, th, comm->rank, comm->size};
-        if (dshim_net_write_full(fd, &reply, sizeof(reply), deadline) != DSHIM_OK) {
-            DSHIM_WARN("rank %d: peer rank %d (%s) vanished during the handshake", comm->rank, h.rank, from);
-            close(fd);
-            continue;
-        }
-        fds[h.rank] = fd;
-        need--;
-    }
-    return DSHIM_OK;
-}
-
-static dshim_status_t connect_peer(dshim_comm_t *comm, int r, uint64_t th, double deadline, int *fd_p)
-{
-    struct in_addr a = {.s_addr = comm->peers[r].ip};
-    int fd;
-    char who[160];
-    dshim_comm_describe_peer(comm, r, who, sizeof(who));
-    if (dshim_net_connect(a, comm->peers[r].port, deadline, &fd) != DSHIM_OK) {
-        return dshim_error(DSHIM_ERR_PEER, "rank %d: cannot connect to %s: %s", comm->rank, who, dshim_last_error());
-    }
-    hello_t h = {HELLO_MAGIC, HELLO_VERSION, th, comm->rank, comm->size}, reply;
-    if (dshim_net_write_full(fd, &h, sizeof(h), deadline) != DSHIM_OK ||
-        dshim_net_read_full(fd, &reply, sizeof(reply), deadline) != DSHIM_OK) {
-        close(fd);
-        return dshim_error(DSHIM_ERR_PEER, "rank %d: handshake with %s failed: %s", comm->rank, who,
-                           dshim_last_error());
-    }
-    if (reply.magic != HELLO_MAGIC || reply.version != HELLO_VERSION || reply.token_hash != th || reply.rank != r ||
-        reply.size != comm->size) {
-        close(fd);
-        return dshim_error(DSHIM_ERR_PROTOCOL, "rank %d: %s answered with a bad handshake (another job on that port?)",
-                           comm->rank, who);
-    }
-    *fd_p = fd;
-    return DSHIM_OK;
 }
 
 /* The registry entries DSHIM_TRANSPORT allows (bit i = entry i): every one
@@ -285,9 +228,375 @@ static void describe_transports(dshim_comm_t *comm)
     }
 }
 
-/* Step 4: the connection to every peer, through the transport the rule
- * picks, over the handshaken socket fds[r] (which it then owns: -1). */
-static dshim_status_t connect_transports(dshim_comm_t *comm, unsigned allowed, int named, int *fds)
+
+/* The peer view pick_transport and connect need. */
+static dshim_transport_peer_t peer_view(const dshim_comm_t *comm, int r)
+{
+    const dshim_peer_info_t *me = &comm->peers[comm->rank];
+    dshim_transport_peer_t pv = {.rank = r, .same_host = comm->peers[r].host_id == me->host_id,
+                                 .ip = comm->peers[r].ip, .my_ip = me->ip, .addr = ""};
+    return pv;
+}
+
+/* The connection to peer r over the handshaken socket fd (owned by the
+ * connection on success), through the transport the rule picks; both ends
+ * pick the same one from the same records. */
+static dshim_status_t make_conn(dshim_comm_t *comm, int r, int fd, dshim_conn_t **conn_p)
+{
+    dshim_transport_peer_t pv = peer_view(comm, r);
+    int i = -1;
+    DSHIM_CHECK(pick_transport(comm, comm->transports_allowed, comm->transport_named, &pv, &i));
+    dshim_net_set_nonblocking(fd, 1);
+    return dshim_transport_at(i)->connect(comm->transport_state[i], &pv, fd, conn_p);
+}
+
+/* Publishes the connection to r.  conn_lock held. */
+static void publish_conn(dshim_comm_t *comm, int r, dshim_conn_t *conn)
+{
+    __atomic_store_n(&comm->conns[r], conn, __ATOMIC_RELEASE);
+    comm->conn_state[r] = DSHIM_CONN_READY;
+    __atomic_add_fetch(&comm->nconnects, 1, __ATOMIC_RELEASE);
+    if (comm->conn_event >= 0) {
+        uint64_t one = 1;
+        /* a full counter (2^64 - 2 events) cannot happen; either way the
+         * reader is awake */
+        ssize_t w = write(comm->conn_event, &one, sizeof(one));
+        (void)w;
+    }
+}
+
+static int comm_failed(const dshim_comm_t *comm)
+{
+    return __atomic_load_n(&comm->error, __ATOMIC_ACQUIRE) != DSHIM_OK;
+}
+
+/* One connection to the listener: the HELLO checked, then answered.
+ * Takes fd. */
+static void answer_hello(dshim_comm_t *comm, int fd)
+{
+    char from[64];
+    describe_addr(fd, from, sizeof(from));
+    hello_t h;
+    const char *why = NULL;
+    if (dshim_net_read_full(fd, &h, sizeof(h), dshim_now() + HELLO_READ_S) != DSHIM_OK) {
+        why = "no complete hello (closed or silent)";
+    } else if (h.magic != HELLO_MAGIC) {
+        why = "not a dshim hello (garbage or another program)";
+    } else if (h.token_hash != comm->hello_hash) {
+        why = "wrong job token (another job, or a stray connection)";
+    } else if (h.version != HELLO_VERSION) {
+        why = "another dshim version (its handshake differs): one dshim build per job";
+    } else if (h.size != comm->size || h.rank < 0 || h.rank >= comm->size || h.rank == comm->rank) {
+        why = "rank/size do not fit this communicator";
+    }
+    if (why) {
+        DSHIM_WARN("rank %d: rejected connection from %s: %s", comm->rank, from, why);
+        close(fd);
+        return;
+    }
+    int r = h.rank;
+    hello_reply_t reply = {{HELLO_MAGIC, HELLO_VERSION, comm->hello_hash, comm->rank, comm->size}, ANSWER_OK, 0};
+    dshim_conn_t *conn = NULL;
+    pthread_mutex_lock(&comm->conn_lock);
+    if (comm_failed(comm)) {
+        reply.answer = ANSWER_FAILED;
+    } else if (comm->conn_state[r] == DSHIM_CONN_READY) {
+        reply.answer = ANSWER_HAVE;
+    } else if (comm->conn_state[r] == DSHIM_CONN_CONNECTING && comm->rank < r) {
+        /* both began: the lower rank's connection (mine) wins */
+        reply.answer = ANSWER_LOSE;
+    } else if (make_conn(comm, r, fd, &conn) != DSHIM_OK) {
+        DSHIM_WARN("rank %d: cannot make the connection rank %d asked for: %s", comm->rank, r, dshim_last_error());
+        reply.answer = ANSWER_ERROR;
+    }
+    /* the answer goes out before the connection is published: once it is,
+     * the executor may write data behind it */
+    dshim_status_t st = dshim_net_write_full(fd, &reply, sizeof(reply), dshim_now() + HELLO_READ_S);
+    if (reply.answer == ANSWER_OK && st == DSHIM_OK) {
+        publish_conn(comm, r, conn);
+    } else if (conn) {
+        conn->ops->destroy(conn); /* closes fd */
+        fd = -1;
+    }
+    pthread_mutex_unlock(&comm->conn_lock);
+    if (reply.answer == ANSWER_OK && st != DSHIM_OK) {
+        DSHIM_WARN("rank %d: rank %d (%s) vanished during the handshake", comm->rank, r, from);
+    }
+    if (reply.answer != ANSWER_OK && fd >= 0) {
+        close(fd);
+    }
+}
+
+/* The acceptor: answers handshakes for the communicator's life, whatever its
+ * rank does meanwhile (computing, or waiting in an operation with others). */
+static void *acceptor_main(void *arg)
+{
+    dshim_comm_t *comm = arg;
+    dshim_log_set_rank(comm->rank);
+    while (1) {
+        struct pollfd p[2] = {{.fd = comm->listen_fd, .events = POLLIN}, {.fd = comm->acceptor_wake, .events = POLLIN}};
+        int rc = poll(p, 2, -1);
+        if (rc < 0 && errno != EINTR) {
+            DSHIM_WARN("rank %d: the data listener's poll failed: %s; no more peers can connect", comm->rank,
+                       strerror(errno));
+            return NULL;
+        }
+        if (rc <= 0) {
+            continue;
+        }
+        if (p[1].revents) {
+            return NULL;
+        }
+        if (p[0].revents & (POLLERR | POLLNVAL)) {
+            return NULL;
+        }
+        int fd = accept4(comm->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            continue; /* a connection reset before accept, EMFILE, ...: the peer retries or reports */
+        }
+        answer_hello(comm, fd);
+    }
+}
+
+static void pending_reset(dshim_comm_t *comm, int r)
+{
+    dshim_pending_conn_t *pc = &comm->pending[r];
+    if (pc->fd >= 0) {
+        close(pc->fd);
+    }
+    if (pc->phase != PC_IDLE) {
+        comm->npending--;
+    }
+    memset(pc, 0, sizeof(*pc));
+    pc->fd = -1;
+    pc->phase = PC_IDLE;
+}
+
+/* A begun handshake failed: back to "not connected" (a later operation
+ * would try again; in practice the step fails the communicator). */
+static dshim_status_t pending_fail(dshim_comm_t *comm, int r)
+{
+    pending_reset(comm, r);
+    pthread_mutex_lock(&comm->conn_lock);
+    if (comm->conn_state[r] == DSHIM_CONN_CONNECTING) {
+        comm->conn_state[r] = DSHIM_CONN_NONE;
+    }
+    pthread_mutex_unlock(&comm->conn_lock);
+    return DSHIM_ERR_PEER;
+}
+
+void dshim_comm_connect_cancel(dshim_comm_t *comm, int r)
+{
+    if (comm->pending && comm->pending[r].phase != PC_IDLE) {
+        (void)pending_fail(comm, r);
+    }
+}
+
+dshim_status_t dshim_comm_connect_start(dshim_comm_t *comm, int r)
+{
+    if (dshim_comm_conn(comm, r) || comm->pending[r].phase != PC_IDLE) {
+        return DSHIM_OK;
+    }
+    pthread_mutex_lock(&comm->conn_lock);
+    int state = comm->conn_state[r];
+    if (state == DSHIM_CONN_NONE) {
+        comm->conn_state[r] = DSHIM_CONN_CONNECTING;
+    }
+    pthread_mutex_unlock(&comm->conn_lock);
+    if (state != DSHIM_CONN_NONE) {
+        return DSHIM_OK; /* published meanwhile by the acceptor */
+    }
+    dshim_pending_conn_t *pc = &comm->pending[r];
+    char who[160];
+    dshim_comm_describe_peer(comm, r, who, sizeof(who));
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        pending_fail(comm, r);
+        return dshim_error_quiet(DSHIM_ERR_SYSTEM, "cannot connect to %s: socket: %s", who, strerror(errno));
+    }
+    pc->fd = fd;
+    pc->hello = (hello_t){HELLO_MAGIC, HELLO_VERSION, comm->hello_hash, comm->rank, comm->size};
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(comm->peers[r].port),
+                             .sin_addr = {.s_addr = comm->peers[r].ip}};
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+    if (rc != 0 && errno != EINPROGRESS && errno != EINTR) {
+        int err = errno;
+        pending_fail(comm, r);
+        char ip[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+        /* its listener is open for its communicator's life: refused means
+         * the process is gone */
+        return dshim_error_quiet(DSHIM_ERR_PEER, "cannot connect to %s at %s:%d: %s%s", who, ip, comm->peers[r].port,
+                                 strerror(err),
+                                 err == ECONNREFUSED ? " (its process exited, crashed or was killed)" : "");
+    }
+    pc->phase = rc == 0 ? PC_SEND : PC_CONNECT;
+    comm->npending++;
+    return DSHIM_OK;
+}
+
+dshim_status_t dshim_comm_connect_poll(dshim_comm_t *comm, int r, int *done_p, int *fd_p, short *events_p)
+{
+    dshim_pending_conn_t *pc = &comm->pending[r];
+    char who[160];
+    *done_p = 0;
+    *fd_p = -1;
+    *events_p = 0;
+    /* A handshake of mine is finished even when the acceptor published the
+     * peer's connection meanwhile (it won): the peer answers it HAVE or LOSE,
+     * where a dropped socket would read as a stray in its log. */
+    if (pc->phase == PC_CONNECT) {
+        struct pollfd p = {.fd = pc->fd, .events = POLLOUT};
+        if (poll(&p, 1, 0) <= 0) {
+            *fd_p = pc->fd;
+            *events_p = POLLOUT;
+            return DSHIM_OK;
+        }
+        int err = 0;
+        socklen_t el = sizeof(err);
+        getsockopt(pc->fd, SOL_SOCKET, SO_ERROR, &err, &el);
+        if (err) {
+            dshim_comm_describe_peer(comm, r, who, sizeof(who));
+            char ip[INET_ADDRSTRLEN];
+            struct in_addr a = {.s_addr = comm->peers[r].ip};
+            inet_ntop(AF_INET, &a, ip, sizeof(ip));
+            pending_fail(comm, r);
+            return dshim_error_quiet(DSHIM_ERR_PEER, "cannot connect to %s at %s:%d: %s%s", who, ip,
+                                     comm->peers[r].port, strerror(err),
+                                     err == ECONNREFUSED ? " (its process exited, crashed or was killed)" : "");
+        }
+        pc->phase = PC_SEND;
+        pc->off = 0;
+    }
+    if (pc->phase == PC_SEND) {
+        ssize_t n = send(pc->fd, (char *)&pc->hello + pc->off, sizeof(pc->hello) - pc->off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            int err = errno;
+            dshim_comm_describe_peer(comm, r, who, sizeof(who));
+            pending_fail(comm, r);
+            return dshim_error_quiet(DSHIM_ERR_PEER, "handshake with %s failed: %s", who, strerror(err));
+        }
+        pc->off += n > 0 ? (size_t)n : 0;
+        if (pc->off < sizeof(pc->hello)) {
+            *fd_p = pc->fd;
+            *events_p = POLLOUT;
+            return DSHIM_OK;
+        }
+        pc->phase = PC_REPLY;
+        pc->off = 0;
+    }
+    if (pc->phase == PC_REPLY) {
+        ssize_t n = recv(pc->fd, (char *)&pc->reply + pc->off, sizeof(pc->reply) - pc->off, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            int err = n == 0 ? 0 : errno;
+            dshim_comm_describe_peer(comm, r, who, sizeof(who));
+            pending_fail(comm, r);
+            return dshim_error_quiet(DSHIM_ERR_PEER, "%s closed the connection during the handshake%s%s%s", who,
+                                     err ? " (" : " (it exited, crashed or was killed, or rejected this rank",
+                                     err ? strerror(err) : "", ")");
+        }
+        pc->off += n > 0 ? (size_t)n : 0;
+        if (pc->off < sizeof(pc->reply)) {
+            *fd_p = pc->fd;
+            *events_p = POLLIN;
+            return DSHIM_OK;
+        }
+        const hello_t *h = &pc->reply.hello;
+        dshim_comm_describe_peer(comm, r, who, sizeof(who));
+        if (h->magic != HELLO_MAGIC || h->version != HELLO_VERSION || h->token_hash != comm->hello_hash ||
+            h->rank != r || h->size != comm->size) {
+            pending_fail(comm, r);
+            return dshim_error_quiet(DSHIM_ERR_PROTOCOL,
+                                     "%s answered with a bad handshake (another job on that port, or another "
+                                     "dshim version?)", who);
+        }
+        int answer = pc->reply.answer;
+        if (answer == ANSWER_FAILED || answer == ANSWER_ERROR) {
+            pending_fail(comm, r);
+            return dshim_error_quiet(DSHIM_ERR_PEER, "%s refused the connection: %s", who,
+                                     answer == ANSWER_FAILED ? "its communicator failed"
+                                                             : "it could not set it up (its log says why)");
+        }
+        if (answer != ANSWER_OK) {
+            /* LOSE / HAVE: the peer's own connection is (or will be)
+             * published here by the acceptor */
+            close(pc->fd);
+            pc->fd = -1;
+            pc->phase = PC_WAIT_WINNER;
+        } else {
+            dshim_conn_t *conn = NULL;
+            dshim_status_t st = make_conn(comm, r, pc->fd, &conn);
+            if (st != DSHIM_OK) {
+                char cause[512];
+                snprintf(cause, sizeof(cause), "%s", dshim_last_error());
+                pending_fail(comm, r);
+                return dshim_error_quiet(st, "cannot set up the connection to %s: %s", who, cause);
+            }
+            pc->fd = -1; /* the connection's now */
+            pthread_mutex_lock(&comm->conn_lock);
+            if (comm->conn_state[r] == DSHIM_CONN_READY) {
+                /* cannot happen (the peer would have answered HAVE or
+                 * LOSE), but never two connections to one peer */
+                conn->ops->destroy(conn);
+            } else {
+                publish_conn(comm, r, conn);
+            }
+            pthread_mutex_unlock(&comm->conn_lock);
+            pending_reset(comm, r);
+            *done_p = 1;
+            return DSHIM_OK;
+        }
+    }
+    /* PC_WAIT_WINNER */
+    if (dshim_comm_conn(comm, r)) {
+        pending_reset(comm, r);
+        *done_p = 1;
+    }
+    return DSHIM_OK;
+}
+
+int dshim_comm_connects_pending(dshim_comm_t *comm, dshim_wait_set_t *ws, int *conn_event_p)
+{
+    if (!ws || comm->npending == 0) {
+        return comm->npending; /* every operation asks: no walk over N entries then */
+    }
+    int n = 0;
+    for (int r = 0; r < comm->size; r++) {
+        const dshim_pending_conn_t *pc = &comm->pending[r];
+        if (pc->phase == PC_IDLE) {
+            continue;
+        }
+        n++;
+        if (!ws) {
+            continue;
+        }
+        if (pc->phase == PC_WAIT_WINNER) {
+            *conn_event_p = 1;
+        } else if (!dshim_wait_set_full(ws)) {
+            dshim_wait_set_add_fd(ws, pc->fd, pc->phase == PC_REPLY ? POLLIN : POLLOUT);
+        }
+    }
+    return n;
+}
+
+dshim_status_t dshim_comm_connect_poll_all(dshim_comm_t *comm, int *moved_p)
+{
+    for (int r = 0; r < comm->size && comm->npending > 0; r++) {
+        if (comm->pending[r].phase == PC_IDLE) {
+            continue;
+        }
+        int done = 0, fd;
+        short events;
+        DSHIM_CHECK(dshim_comm_connect_poll(comm, r, &done, &fd, &events));
+        *moved_p |= done;
+    }
+    return DSHIM_OK;
+}
+
+/* "shm+tcp" before any connection exists: the transport each pair will use
+ * is known from the records alone (both ends pick alike). */
+static dshim_status_t plan_transports(dshim_comm_t *comm)
 {
     const dshim_peer_info_t *me = &comm->peers[comm->rank];
     comm->nlocal = 1;
@@ -295,35 +604,11 @@ static dshim_status_t connect_transports(dshim_comm_t *comm, unsigned allowed, i
         if (r == comm->rank) {
             continue;
         }
-        dshim_transport_peer_t pv = {.rank = r, .same_host = comm->peers[r].host_id == me->host_id,
-                                     .ip = comm->peers[r].ip, .my_ip = me->ip, .addr = ""};
-        comm->nlocal += pv.same_host;
-        dshim_net_set_nonblocking(fds[r], 1);
+        dshim_transport_peer_t pv = peer_view(comm, r);
+        comm->nlocal += comm->peers[r].host_id == me->host_id;
         int i = -1;
-        DSHIM_CHECK(pick_transport(comm, allowed, named, &pv, &i));
-        DSHIM_CHECK(dshim_transport_at(i)->connect(comm->transport_state[i], &pv, fds[r], &comm->conns[r]));
-        fds[r] = -1;
+        DSHIM_CHECK(pick_transport(comm, comm->transports_allowed, comm->transport_named, &pv, &i));
         comm->transports_used |= 1u << i;
-    }
-    return DSHIM_OK;
-}
-
-/* After every connection: each allowed transport that asks for it learns
- * (through a store barrier) that every rank connected; then the waiter
- * learns the transports in use, and the communicator their names. */
-static dshim_status_t transports_connected(dshim_comm_t *comm, unsigned allowed, double deadline)
-{
-    for (int i = 0; i < dshim_transport_count() && comm->size > 1; i++) {
-        const dshim_transport_t *t = dshim_transport_at(i);
-        if (!(allowed & (1u << i)) || !t->connected) {
-            continue;
-        }
-        /* every rank that set the transport up joins, even one whose setup
-         * found it unavailable, or the others would wait */
-        DSHIM_CHECK(dshim_store_barrier(comm->store->store, comm->prefix, t->name, comm->size, deadline - dshim_now()));
-        if (comm->transport_state[i]) {
-            t->connected(comm->transport_state[i]);
-        }
     }
     for (int i = 0; i < dshim_transport_count(); i++) {
         if (comm->transports_used & (1u << i)) {
@@ -334,8 +619,33 @@ static dshim_status_t transports_connected(dshim_comm_t *comm, unsigned allowed,
     return DSHIM_OK;
 }
 
+static void stop_acceptor(dshim_comm_t *comm)
+{
+    if (comm->acceptor_started) {
+        uint64_t one = 1;
+        ssize_t w = write(comm->acceptor_wake, &one, sizeof(one));
+        (void)w;
+        pthread_join(comm->acceptor, NULL);
+        comm->acceptor_started = 0;
+    }
+}
+
 void dshim_comm_release(dshim_comm_t *comm)
 {
+    /* first: the acceptor may publish connections until it stops */
+    stop_acceptor(comm);
+    for (int fd_i = 0; fd_i < 3; fd_i++) {
+        int *fdp = fd_i == 0 ? &comm->listen_fd : fd_i == 1 ? &comm->acceptor_wake : &comm->conn_event;
+        if (*fdp >= 0) {
+            close(*fdp);
+            *fdp = -1;
+        }
+    }
+    for (int r = 0; comm->pending && r < comm->size; r++) {
+        if (comm->pending[r].fd >= 0) {
+            close(comm->pending[r].fd);
+        }
+    }
     for (int r = 0; comm->conns && r < comm->size; r++) {
         if (comm->conns[r]) {
             comm->conns[r]->ops->destroy(comm->conns[r]);
@@ -350,11 +660,14 @@ void dshim_comm_release(dshim_comm_t *comm)
     }
     free(comm->peers);
     free(comm->conns);
+    free(comm->conn_state);
+    free(comm->pending);
     free(comm->p2p_tx);
     free(comm->p2p_rx);
     free(comm->scratch);
     pthread_mutex_destroy(&comm->lock);
     pthread_cond_destroy(&comm->cond);
+    pthread_mutex_destroy(&comm->conn_lock);
     free(comm);
 }
 
@@ -363,10 +676,6 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
 {
     const dshim_config_t *cfg = dshim_config();
     dshim_status_t st = DSHIM_OK;
-    int lfd = -1, *fds = NULL;
-    unsigned allowed = 0;
-    int named = 0;
-    DSHIM_CHECK(allowed_transports(&allowed, &named));
     dshim_comm_t *comm = calloc(1, sizeof(*comm));
     if (!comm) {
         return dshim_error(DSHIM_ERR_NOMEM, "out of memory for a communicator");
@@ -375,25 +684,27 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
     comm->size = size;
     comm->owner_pid = dshim_self_pid();
     comm->store = store;
+    comm->listen_fd = comm->acceptor_wake = comm->conn_event = -1;
     snprintf(comm->prefix, sizeof(comm->prefix), "%s", prefix);
     pthread_mutex_init(&comm->lock, NULL);
     pthread_cond_init(&comm->cond, NULL);
+    pthread_mutex_init(&comm->conn_lock, NULL);
     comm->peers = calloc((size_t)size, sizeof(*comm->peers));
     comm->conns = calloc((size_t)size, sizeof(*comm->conns));
+    comm->conn_state = calloc((size_t)size, sizeof(*comm->conn_state));
+    comm->pending = calloc((size_t)size, sizeof(*comm->pending));
     comm->p2p_tx = calloc((size_t)size, sizeof(uint64_t));
     comm->p2p_rx = calloc((size_t)size, sizeof(uint64_t));
-    fds = malloc((size_t)size * sizeof(int));
-    /* before the first goto err: err closes every fds[r] >= 0, and fresh
-     * memory holds zeros, i.e. stdin */
-    for (int r = 0; fds && r < size; r++) {
-        fds[r] = -1;
-    }
-    if (!comm->peers || !comm->conns || !comm->p2p_tx || !comm->p2p_rx || !fds) {
+    if (!comm->peers || !comm->conns || !comm->conn_state || !comm->pending || !comm->p2p_tx || !comm->p2p_rx) {
         st = dshim_error(DSHIM_ERR_NOMEM, "out of memory for %d peers", size);
         goto err;
     }
+    for (int r = 0; r < size; r++) {
+        comm->pending[r].fd = -1;
+    }
+    DSHIM_CHECK_GOTO(allowed_transports(&comm->transports_allowed, &comm->transport_named), st, err);
     double deadline = dshim_now() + cfg->connect_timeout_s;
-    uint64_t th = dshim_token_hash(token, prefix);
+    comm->hello_hash = dshim_token_hash(token, prefix);
 
     /* 1. publish myself */
     dshim_peer_info_t *me = &comm->peers[rank];
@@ -402,7 +713,7 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
     DSHIM_CHECK_GOTO(dshim_net_pick_local_addr(store->addr, &local, why, sizeof(why)), st, err);
     if (size > 1) {
         int port;
-        DSHIM_CHECK_GOTO(dshim_net_listen(local, &lfd, &port), st, err);
+        DSHIM_CHECK_GOTO(dshim_net_listen(local, &comm->listen_fd, &port), st, err);
         me->port = (uint16_t)port;
     }
     me->ip = local.s_addr;
@@ -410,7 +721,7 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
     me->host_id = host_id();
     gethostname(me->hostname, sizeof(me->hostname) - 1);
     if (size > 1) {
-        DSHIM_CHECK_GOTO(setup_transports(comm, allowed, th, me), st, err);
+        DSHIM_CHECK_GOTO(setup_transports(comm, comm->transports_allowed, comm->hello_hash, me), st, err);
     }
     char ipbuf[INET_ADDRSTRLEN];
     inet_ntop(AF_INET, &local, ipbuf, sizeof(ipbuf));
@@ -453,35 +764,26 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
         }
     }
 
-    /* 3. the mesh */
-    for (int r = 0; r < rank; r++) {
-        DSHIM_CHECK_GOTO(connect_peer(comm, r, th, deadline, &fds[r]), st, err);
-    }
+    /* 3. which transport for which peer, and the acceptor */
+    DSHIM_CHECK_GOTO(plan_transports(comm), st, err);
     if (size > 1) {
-        DSHIM_CHECK_GOTO(accept_peers(comm, lfd, th, fds, deadline), st, err);
-        close(lfd);
-        lfd = -1;
+        comm->acceptor_wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        comm->conn_event = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (comm->acceptor_wake < 0 || comm->conn_event < 0) {
+            st = dshim_error(DSHIM_ERR_SYSTEM, "rank %d: eventfd: %s", rank, strerror(errno));
+            goto err;
+        }
+        int rc = pthread_create(&comm->acceptor, NULL, acceptor_main, comm);
+        if (rc != 0) {
+            st = dshim_error(DSHIM_ERR_SYSTEM, "rank %d: cannot start the acceptor thread: %s", rank, strerror(rc));
+            goto err;
+        }
+        comm->acceptor_started = 1;
     }
-
-    /* 4. transports */
-    DSHIM_CHECK_GOTO(connect_transports(comm, allowed, named, fds), st, err);
-    DSHIM_CHECK_GOTO(transports_connected(comm, allowed, deadline), st, err);
-    free(fds);
     *comm_p = comm;
     return DSHIM_OK;
 
 err:
-    if (lfd >= 0) {
-        close(lfd);
-    }
-    if (fds) {
-        for (int r = 0; r < size; r++) {
-            if (fds[r] >= 0) {
-                close(fds[r]);
-            }
-        }
-        free(fds);
-    }
     dshim_comm_release(comm);
     return st;
 }

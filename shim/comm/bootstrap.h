@@ -1,4 +1,4 @@
-/* Joining a communicator: store, peer table, connection mesh, transports. */
+/* Joining a communicator: store, peer table, transports; connections on first use. */
 #ifndef DSHIM_BOOTSTRAP_H
 #define DSHIM_BOOTSTRAP_H
 
@@ -10,14 +10,12 @@
 dshim_status_t dshim_args_from_env(dshim_comm_args_t *args);
 
 /* Builds a communicator whose store is already connected: publishes this
- * rank and connects to every peer through the transports. */
+ * rank, reads every peer's record and starts the acceptor; connections to
+ * peers are made on first use (comm.h, dshim_comm_connect_start). */
 dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int rank, int size,
                                const char *token, dshim_comm_t **comm_p);
 /* Frees everything dshim_bootstrap built (connections, transports' state, tables). */
 void dshim_comm_release(dshim_comm_t *comm);
-/* Barrier through the store (bootstrap and teardown only). */
-dshim_status_t dshim_store_barrier(dshim_store_t *store, const char *prefix, const char *name, int size,
-                                   double timeout_s);
 uint64_t dshim_token_hash(const char *token, const char *prefix);
 
 #endif

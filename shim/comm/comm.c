@@ -460,12 +460,18 @@ dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char
         }
         dshim_store_patience(patience);
     }
-    /* make every peer notice now rather than at its own timeout */
+    /* make every connected peer notice now rather than at its own timeout;
+     * under conn_lock: the acceptor publishes a connection only after it
+     * saw no error under that lock, so every connection is either shut
+     * down here or never made (a late peer is answered FAILED) */
+    pthread_mutex_lock(&comm->conn_lock);
     for (int r = 0; r < comm->size; r++) {
-        if (comm->conns[r]) {
-            shutdown(comm->conns[r]->fd, SHUT_RDWR);
+        dshim_conn_t *c = dshim_comm_conn(comm, r);
+        if (c) {
+            shutdown(c->fd, SHUT_RDWR);
         }
     }
+    pthread_mutex_unlock(&comm->conn_lock);
     /* after the peers were told (a dump takes milliseconds); the failed
      * operation is still "waiting" in the ring: its executor marks it
      * failed only after this returns.  The first failure of the process
@@ -576,9 +582,10 @@ DSHIM_EXPORT void dshim_comm_stats(const dshim_comm_t *comm, dshim_stats_t *stat
     }
     stats->collectives = __atomic_load_n(&comm->stats.collectives, __ATOMIC_RELAXED);
     for (int r = 0; r < comm->size; r++) {
-        if (comm->conns[r]) {
-            stats->bytes_sent += comm->conns[r]->bytes_sent;
-            stats->bytes_received += comm->conns[r]->bytes_received;
+        const dshim_conn_t *c = dshim_comm_conn(comm, r);
+        if (c) {
+            stats->bytes_sent += c->bytes_sent;
+            stats->bytes_received += c->bytes_received;
         }
     }
 }
@@ -607,8 +614,8 @@ dshim_status_t dshim_comm_create_child(dshim_comm_t *comm, const char *suffix, i
 }
 
 /* Split: every rank learns every (color, key) through an allgather on the
- * parent, then the members of each color bootstrap a fresh mesh under a
- * prefix unique to this split and color. */
+ * parent, then the members of each color bootstrap a fresh communicator
+ * (connected on first use) under a prefix unique to this split and color. */
 DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int key, dshim_comm_t **newcomm_p)
 {
     if (!comm || !newcomm_p) {

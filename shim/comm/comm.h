@@ -76,12 +76,33 @@ struct dshim_comm {
     char prefix[96];               /* store key prefix of this communicator */
     dshim_store_ref_t *store;
     dshim_peer_info_t *peers;      /* [size] */
-    dshim_conn_t **conns;          /* [size], NULL for self */
+    /* [size], NULL for self and for a peer not connected yet: connections
+     * are made on first use (bootstrap.c), by the executor or the acceptor
+     * thread, and published once with a release store; read them with
+     * dshim_comm_conn */
+    dshim_conn_t **conns;
     /* per registry entry: its per-communicator state (NULL when not set up
      * or unavailable) */
     void *transport_state[DSHIM_TRANSPORT_MAX];
-    unsigned transports_used;      /* bit i: registry entry i carries a connection */
+    unsigned transports_used;      /* bit i: registry entry i carries (or will carry) a connection */
     char transport_desc[48];       /* "shm+tcp", "tcp", "self": the names of transports_used */
+    unsigned transports_allowed;   /* DSHIM_TRANSPORT's registry entries (bit i = entry i) */
+    int transport_named;           /* DSHIM_TRANSPORT named one transport (not auto) */
+    uint64_t hello_hash;           /* token + prefix hash every handshake carries */
+
+    /* connections on first use (bootstrap.c): the data listener stays open
+     * for the communicator's life and a thread of its own answers peers'
+     * handshakes, whatever the rank is doing meanwhile */
+    int listen_fd;                 /* -1 when size == 1 */
+    int acceptor_wake;             /* eventfd: stops the acceptor */
+    int conn_event;                /* eventfd: the acceptor published a connection */
+    struct dshim_pending_conn *pending; /* [size]: handshakes this rank began (executor only) */
+    int npending;                  /* how many of them are under way (executor only) */
+    int acceptor_started;
+    pthread_t acceptor;
+    pthread_mutex_t conn_lock;     /* conn_state, and publishing conns */
+    unsigned char *conn_state;     /* [size]: DSHIM_CONN_NONE, CONNECTING or READY */
+    int nconnects;                 /* connections made so far (both directions) */
     dshim_waiter_t waiter;         /* what the engine sleeps on (transports with a wake-up of their own) */
     int nlocal;                    /* ranks on this host, including me */
     const dshim_reduce_ops_t *reduce;
@@ -128,6 +149,34 @@ struct dshim_comm {
 };
 
 enum { DSHIM_ALGO_AUTO = 0, DSHIM_ALGO_RING, DSHIM_ALGO_RD, DSHIM_ALGO_HIER, DSHIM_ALGO_DIRECT };
+enum { DSHIM_CONN_NONE = 0, DSHIM_CONN_CONNECTING, DSHIM_CONN_READY };
+
+/* The connection to peer r, NULL when none was made yet. */
+static inline dshim_conn_t *dshim_comm_conn(const dshim_comm_t *comm, int r)
+{
+    return __atomic_load_n(&comm->conns[r], __ATOMIC_ACQUIRE);
+}
+/* Connections on first use (bootstrap.c), made by the thread that executes
+ * the communicator's operations (xfer.c) without blocking it, so that the
+ * step's timeout, stall warnings and failure reports cover them too:
+ *  - connect_start: begins the handshake with peer r (nothing to do when
+ *    connected or begun).  An error names the peer (DSHIM_ERR_PEER: its
+ *    listener refused, i.e. its process is gone).
+ *  - connect_poll: moves it on without blocking; *done_p = 1 once the
+ *    connection is published.  Meanwhile *fd_p and *events_p say what to sleep
+ *    on: the handshake's socket, or (fd -1) comm->conn_event, written when
+ *    the acceptor publishes a connection (this rank lost a simultaneous
+ *    connect and waits for the peer's).
+ *  - connect_cancel: gives a begun handshake up (the step failed). */
+dshim_status_t dshim_comm_connect_start(dshim_comm_t *comm, int r);
+dshim_status_t dshim_comm_connect_poll(dshim_comm_t *comm, int r, int *done_p, int *fd_p, short *events_p);
+void dshim_comm_connect_cancel(dshim_comm_t *comm, int r);
+/* The handshakes under way (any peer): how many; with ws, what they wait
+ * on is added to it (*conn_event_p = 1 for those that wait for the
+ * acceptor). */
+int dshim_comm_connects_pending(dshim_comm_t *comm, dshim_wait_set_t *ws, int *conn_event_p);
+/* connect_poll on every handshake under way; *moved_p set when one ended. */
+dshim_status_t dshim_comm_connect_poll_all(dshim_comm_t *comm, int *moved_p);
 
 /* This process's pid, without a system call (refreshed after fork). */
 pid_t dshim_self_pid(void);

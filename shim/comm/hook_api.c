@@ -123,7 +123,11 @@ dshim_status_t dshim_hook_probe_peers(dshim_comm_t *comm, unsigned char *left)
     }
     int dead = -1, unknown = 0;
     for (int r = 0; r < comm->size && dead < 0; r++) {
-        dshim_conn_t *conn = comm->conns[r];
+        /* only connected peers: a peer never connected to has no socket to
+         * hang up; its death reaches this rank through the peers that were
+         * connected to it (they fail, and shut their connections, ours
+         * among them), or as a refused connection on first use */
+        dshim_conn_t *conn = dshim_comm_conn(comm, r);
         if (!conn || left[r] || !conn->ops->hung_up(conn)) {
             continue;
         }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "engine.h"
@@ -136,7 +137,7 @@ static int unbound(const dshim_xfer_op_t *op)
  * one this op would take: MPI's order of posting). */
 static int op_active(const dshim_xfer_op_t *op)
 {
-    return op->phase != PH_DONE && !unbound(op) && !(op->prev && op->prev->phase != PH_DONE) &&
+    return op->phase != PH_DONE && !unbound(op) && !op->connecting && !(op->prev && op->prev->phase != PH_DONE) &&
            !(op->wild_prev && unbound(op->wild_prev));
 }
 
@@ -325,7 +326,7 @@ static dshim_status_t progress_pad(dshim_conn_t *c, dshim_xfer_op_t *op, int *mo
 static dshim_status_t progress_op(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *op,
                                   size_t esize, int *moved)
 {
-    dshim_conn_t *c = comm->conns[op->peer];
+    dshim_conn_t *c = dshim_comm_conn(comm, op->peer);
     if (op->sig) {
         sig = op->sig;
         esize = dshim_dtype_size((dshim_dtype_t)sig->dtype);
@@ -362,7 +363,7 @@ enum { FRONT_EMPTY = 0, FRONT_P2P, FRONT_OTHER };
  * point-to-point: the receive that binds to them reports the garbage. */
 static dshim_status_t stream_front(dshim_comm_t *comm, int p, int *front_p)
 {
-    dshim_conn_t *c = comm->conns[p];
+    dshim_conn_t *c = dshim_comm_conn(comm, p);
     const void *ptr;
     size_t avail = 0;
     *front_p = FRONT_EMPTY;
@@ -389,10 +390,19 @@ static int claimed_before(const dshim_xfer_op_t *ops, int a, int p)
 }
 
 /* Peers a receive from any source (ops[a]) may take a message from now:
- * every other rank whose next message no earlier receive claims. */
+ * every other connected rank whose next message no earlier receive claims
+ * (a rank that sends to us connects first: its connection is published by
+ * the acceptor, which wakes the wait through comm->conn_event). */
 static int candidate(const dshim_comm_t *comm, const dshim_xfer_op_t *ops, int a, int p)
 {
-    return p != comm->rank && comm->conns[p] && !claimed_before(ops, a, p);
+    return p != comm->rank && dshim_comm_conn(comm, p) && !claimed_before(ops, a, p);
+}
+
+/* For messages: a rank a receive from any source (ops[a]) may yet get its
+ * message from, connected or not. */
+static int may_send(const dshim_comm_t *comm, const dshim_xfer_op_t *ops, int a, int p)
+{
+    return p != comm->rank && !claimed_before(ops, a, p);
 }
 
 static void bind_to(dshim_xfer_op_t *ops, int n, int a, int p)
@@ -449,7 +459,8 @@ static void silent_ranks(dshim_comm_t *comm, const dshim_xfer_op_t *ops, int a, 
     out[0] = 0;
     for (int p = 0; p < comm->size && o + 16 < len; p++) {
         int front = FRONT_EMPTY;
-        if (!candidate(comm, ops, a, p) || (stream_front(comm, p, &front) == DSHIM_OK && front == FRONT_P2P)) {
+        if (!may_send(comm, ops, a, p) ||
+            (candidate(comm, ops, a, p) && stream_front(comm, p, &front) == DSHIM_OK && front == FRONT_P2P)) {
             continue;
         }
         o += (size_t)snprintf(out + o, len - o, "%s%d", o ? ", " : "", p);
@@ -469,13 +480,14 @@ static void waiting_on(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, char *ou
                                   o ? ", " : "", strchr(silent, ',') ? "s" : "", silent[0] ? silent : "-");
             continue;
         }
-        if (!op_active(&ops[i])) {
+        if (!op_active(&ops[i]) && !(ops[i].connecting && ops[i].phase != PH_DONE)) {
             continue;
         }
         char p[160];
         dshim_comm_describe_peer(comm, ops[i].peer, p, sizeof(p));
-        o += (size_t)snprintf(out + o, len - o, "%s%s %s", o ? ", " : "",
-                              ops[i].kind == DSHIM_XF_SEND ? "sending to" : "receiving from", p);
+        o += (size_t)snprintf(out + o, len - o, "%s%s %s%s", o ? ", " : "",
+                              ops[i].kind == DSHIM_XF_SEND ? "sending to" : "receiving from", p,
+                              ops[i].connecting ? " (connecting to it: no answer to the handshake yet)" : "");
     }
 }
 
@@ -503,7 +515,8 @@ static void op_waits_for(dshim_comm_t *comm, const dshim_xfer_op_t *ops, int a, 
     }
     for (int p = 0; p < comm->size && *n < DSHIM_TRACE_WAIT_MAX; p++) {
         int front = FRONT_EMPTY;
-        if (!candidate(comm, ops, a, p) || (stream_front(comm, p, &front) == DSHIM_OK && front == FRONT_P2P)) {
+        if (!may_send(comm, ops, a, p) ||
+            (candidate(comm, ops, a, p) && stream_front(comm, p, &front) == DSHIM_OK && front == FRONT_P2P)) {
             continue;
         }
         add_rank(ranks, n, p);
@@ -524,7 +537,7 @@ static void trace_wait(dshim_comm_t *comm, int p2p, dshim_xfer_op_t *ops, int n)
             if (op_active(op) && op->phase == PH_BODY && op->done < op->len && op->done >= limit_of(op)) {
                 continue;
             }
-            if (next_to_bind(op) || op_active(op)) {
+            if (next_to_bind(op) || op_active(op) || (op->connecting && op->phase != PH_DONE)) {
                 op_waits_for(comm, ops, i, ranks, &k);
             }
         }
@@ -623,13 +636,23 @@ static void missing_ranks(dshim_comm_t *comm, uint64_t seq, char *out, size_t le
 /* Sleeps until a connection we are blocked on may move (the transports'
  * waiter: a wake-up of their own, or the sockets); an error when the peer of
  * one of them is gone. */
-static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, int timeout_ms)
+static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, int timeout_ms,
+                                      int *watch_event)
 {
     dshim_wait_set_t ws;
-    int any_source = 0;
+    int any_source = 0, conn_event = 0;
     dshim_wait_set_init(&ws);
     for (int i = 0; i < n && !dshim_wait_set_full(&ws); i++) {
         dshim_xfer_op_t *op = &ops[i];
+        if (op->connecting && op->phase != PH_DONE) {
+            /* its handshake's socket, or the peer's connection that won */
+            if (op->conn_fd >= 0) {
+                dshim_wait_set_add_fd(&ws, op->conn_fd, op->conn_events);
+            } else {
+                conn_event = 1;
+            }
+            continue;
+        }
         if (next_to_bind(op)) {
             /* a message from any of its candidates would bind it, and the
              * death of one must be noticed; not those whose stream starts
@@ -640,7 +663,11 @@ static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, 
                 if (!candidate(comm, ops, i, p) || stream_front(comm, p, &front) != DSHIM_OK || front != FRONT_EMPTY) {
                     continue;
                 }
-                dshim_wait_set_add(&ws, &comm->waiter, comm->conns[p], 0);
+                dshim_wait_set_add(&ws, &comm->waiter, dshim_comm_conn(comm, p), 0);
+            }
+            /* a rank not connected yet may connect and send */
+            if (__atomic_load_n(&comm->nconnects, __ATOMIC_ACQUIRE) < comm->size - 1) {
+                conn_event = 1;
             }
             continue;
         }
@@ -653,7 +680,17 @@ static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, 
              * that starves the peers we wait for when ranks outnumber cores */
             continue;
         }
-        dshim_wait_set_add(&ws, &comm->waiter, comm->conns[op->peer], op->kind == DSHIM_XF_SEND);
+        dshim_wait_set_add(&ws, &comm->waiter, dshim_comm_conn(comm, op->peer), op->kind == DSHIM_XF_SEND);
+    }
+    if (any_source) {
+        /* the handshakes its receive began with every rank */
+        dshim_comm_connects_pending(comm, &ws, &conn_event);
+    }
+    if (conn_event && comm->conn_event >= 0 && !dshim_wait_set_full(&ws)) {
+        /* drained at the top of the next round, before it looks at the
+         * connections (xfer loop): a publication after that look wakes us */
+        dshim_wait_set_add_fd(&ws, comm->conn_event, POLLIN);
+        *watch_event = 1;
     }
     if (ws.n == 0 && timeout_ms > 1 && !any_source) {
         timeout_ms = 1; /* cannot happen (a dependency is always pending), but never sleep blind */
@@ -661,9 +698,40 @@ static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, 
     return dshim_waiter_sleep(&comm->waiter, &ws, timeout_ms);
 }
 
+/* Moves on the handshakes of the ops whose peer is being connected;
+ * *moved set when one finished (its ops become active). */
+static dshim_status_t advance_connects(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, int *pending, int *moved)
+{
+    int left = 0;
+    for (int i = 0; i < n; i++) {
+        dshim_xfer_op_t *op = &ops[i];
+        if (!op->connecting) {
+            continue;
+        }
+        int done = 0;
+        DSHIM_CHECK(dshim_comm_connect_poll(comm, op->peer, &done, &op->conn_fd, &op->conn_events));
+        if (!done) {
+            left++;
+            continue;
+        }
+        *moved = 1;
+        for (int j = i; j < n; j++) {
+            if (ops[j].connecting && ops[j].peer == op->peer) {
+                ops[j].connecting = 0;
+            }
+        }
+    }
+    *pending = left;
+    return DSHIM_OK;
+}
+
 static dshim_status_t fail_step(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st)
 {
     char call[160], msg[1024];
+    /* handshakes this step began are given up (the communicator fails) */
+    for (int r = 0; r < comm->size; r++) {
+        dshim_comm_connect_cancel(comm, r);
+    }
     describe_call(call, sizeof(call), sig->coll, sig->dtype, sig->redop, sig->root, sig->count, sig->seq);
     snprintf(msg, sizeof(msg), "rank %d (host %s) in %s: %s", comm->rank, comm->peers[comm->rank].hostname, call,
              dshim_last_error());
@@ -680,6 +748,9 @@ void dshim_xfer_link(dshim_xfer_op_t *ops, int first, int n)
         ops[i].wild_prev = NULL;
         ops[i].started = 0;
         ops[i].reported = 0;
+        ops[i].connecting = 0;
+        ops[i].conn_fd = -1;
+        ops[i].conn_events = 0;
         ops[i].any_source = unbound(&ops[i]);
         for (int j = i - 1; j >= 0 && !unbound(&ops[i]); j--) {
             if (ops[j].peer == ops[i].peer && is_recv(&ops[j]) == is_recv(&ops[i])) {
@@ -696,17 +767,39 @@ void dshim_xfer_link(dshim_xfer_op_t *ops, int first, int n)
     }
 }
 
+/* Checks the ops' peers, and begins the connection to each peer used for
+ * the first time (its ops wait, `connecting`, until it is made; *pending_p
+ * counts such ops). */
 static dshim_status_t check_peers(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int first,
-                                  int n)
+                                  int n, int *pending_p)
 {
     for (int i = first; i < n; i++) {
         if (ops[i].peer == DSHIM_ANY_SOURCE && ops[i].kind == DSHIM_XF_RECV && comm->size > 1) {
+            /* any rank may send it its message, and the death of any must
+             * end the wait: it needs every connection (begun here, without
+             * waiting for them: it binds to whichever sends first) */
+            for (int r = 0; r < comm->size; r++) {
+                dshim_status_t st = r == comm->rank || dshim_comm_conn(comm, r) ? DSHIM_OK
+                                                                                 : dshim_comm_connect_start(comm, r);
+                if (st != DSHIM_OK) {
+                    return fail_step(comm, ops[i].sig ? ops[i].sig : sig, st);
+                }
+            }
             continue;
         }
-        if (ops[i].peer < 0 || ops[i].peer >= comm->size || ops[i].peer == comm->rank || !comm->conns[ops[i].peer]) {
+        if (ops[i].peer < 0 || ops[i].peer >= comm->size || ops[i].peer == comm->rank) {
             dshim_error_quiet(DSHIM_ERR_INTERNAL, "transfer to invalid peer %d", ops[i].peer);
             return fail_step(comm, ops[i].sig ? ops[i].sig : sig, DSHIM_ERR_INTERNAL);
         }
+        if (dshim_comm_conn(comm, ops[i].peer)) {
+            continue;
+        }
+        dshim_status_t st = dshim_comm_connect_start(comm, ops[i].peer);
+        if (st != DSHIM_OK) {
+            return fail_step(comm, ops[i].sig ? ops[i].sig : sig, st);
+        }
+        ops[i].connecting = 1;
+        (*pending_p)++;
     }
     return DSHIM_OK;
 }
@@ -840,7 +933,10 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
         esize = 1;
     }
     dshim_xfer_link(ops, 0, n);
-    DSHIM_CHECK(check_peers(comm, sig, ops, 0, n));
+    int connecting = 0;   /* ops waiting for their peer's connection (first use) */
+    int watch_event = 0;  /* the last sleep watched comm->conn_event */
+    DSHIM_CHECK(check_peers(comm, sig, ops, 0, n, &connecting));
+    int any_connects = dshim_comm_connects_pending(comm, NULL, NULL) > 0;
     double start = dshim_now(), last_progress = start;
     int announced = 0;
     int store_silent = 0; /* the store gave up on once in this wait: not asked again */
@@ -866,6 +962,26 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
         /* before looking at the connections: a wake-up after the look is not lost */
         dshim_waiter_arm(&comm->waiter);
         int remaining = 0, moved = 0;
+        if (watch_event) {
+            uint64_t events;
+            ssize_t got = read(comm->conn_event, &events, sizeof(events)); /* non-blocking; 0 events is fine */
+            (void)got;
+            watch_event = 0;
+        }
+        if (connecting) {
+            dshim_status_t cst = advance_connects(comm, ops, n, &connecting, &moved);
+            if (cst != DSHIM_OK) {
+                return fail_step(comm, sig, cst);
+            }
+        }
+        if (any_connects) {
+            /* handshakes begun for receives from any source */
+            dshim_status_t cst = dshim_comm_connect_poll_all(comm, &moved);
+            if (cst != DSHIM_OK) {
+                return fail_step(comm, sig, cst);
+            }
+            any_connects = dshim_comm_connects_pending(comm, NULL, NULL) > 0;
+        }
         dshim_status_t bst = bind_any_sources(comm, ops, n, &next_source);
         if (bst != DSHIM_OK) {
             return fail_step(comm, sig, bst);
@@ -878,7 +994,8 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             int old_n = n;
             if (hooks->absorb(comm, ops, &n, hooks->cap, hooks->ctx) && n > old_n) {
                 dshim_xfer_link(ops, old_n, n);
-                DSHIM_CHECK(check_peers(comm, sig, ops, old_n, n));
+                DSHIM_CHECK(check_peers(comm, sig, ops, old_n, n, &connecting));
+                any_connects = dshim_comm_connects_pending(comm, NULL, NULL) > 0;
                 trace_remark = trace_waiting;
                 continue;
             }
@@ -941,7 +1058,7 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             trace_waiting = 1;
             trace_remark = 0;
         }
-        dshim_status_t st = wait_for_events(comm, ops, n, tmo);
+        dshim_status_t st = wait_for_events(comm, ops, n, tmo, &watch_event);
         if (st != DSHIM_OK) {
             DSHIM_CHECK(retry_after_wait_error(comm, sig, ops, n, esize, hooks, &next_source, st));
             idle_loops = 0;

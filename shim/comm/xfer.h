@@ -42,6 +42,9 @@ struct dshim_xfer_op {
     dshim_xfer_op_t *wild_prev; /* receives: the last receive from any source posted before it */
     int any_source;        /* posted with peer DSHIM_ANY_SOURCE (peer may be bound since) */
     int started;           /* receives: `start` hook called */
+    int connecting;        /* its peer's connection is being made (first use): not active until it is */
+    int conn_fd;           /* connecting: what its handshake waits on (-1: comm->conn_event) */
+    short conn_events;
     int reported;
 };
 

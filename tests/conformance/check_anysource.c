@@ -547,9 +547,14 @@ static int body_garbage(int rank, int size, int port, void *arg)
     }
     dshim_status_t st = DSHIM_OK;
     if (rank == 1) {
+        /* connections are made on first use: rank 0's receive from any
+         * source makes the one to rank 1 */
+        for (int i = 0; i < 1000 && !dshim_comm_conn(comm, 0); i++) {
+            sleep_s(0.01);
+        }
         char junk[64];
         memset(junk, 0x5A, sizeof(junk));
-        ssize_t w = write(comm->conns[0]->fd, junk, sizeof(junk));
+        ssize_t w = write(dshim_comm_conn(comm, 0)->fd, junk, sizeof(junk));
         (void)w;
         sleep_s(1.0);
     } else {

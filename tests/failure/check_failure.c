@@ -477,10 +477,15 @@ static int body_garbage_peer(int rank, int size, int port, void *arg)
         return 2;
     }
     if (rank == 1) {
+        /* connections are made on first use: rank 0's allreduce makes the
+         * one to rank 1 (published by rank 1's acceptor) */
+        for (int i = 0; i < 1000 && !dshim_comm_conn(comm, 0); i++) {
+            sleep_s(0.01);
+        }
         /* write 64 bytes that are not a dshim message straight into the socket */
         char junk[64];
         memset(junk, 0x5A, sizeof(junk));
-        ssize_t w = write(comm->conns[0]->fd, junk, sizeof(junk));
+        ssize_t w = write(dshim_comm_conn(comm, 0)->fd, junk, sizeof(junk));
         (void)w;
         sleep_s(1.0);
         dshim_comm_destroy(comm);

@@ -1,7 +1,7 @@
 /*
  * A listening AF_UNIX socket (abstract name, per process) for the targets
- * whose code under test accept()s its connections itself (the data mesh's
- * accept_peers, the parameter server's accept_worker), and a client that
+ * whose code under test accept()s its connections itself (the data
+ * connections' answer_hello, the parameter server's accept_worker), and a client that
  * connects to it and sends one fuzzed stream.
  */
 #ifndef DSHIM_FUZZ_LISTENER_H

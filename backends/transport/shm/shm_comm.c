@@ -1,11 +1,19 @@
 /*
- * The shm transport in one communicator: this rank's inbox segment (created
- * at setup, its name published in the peer record, its file removed once
- * every peer mapped it), the peers' inboxes (mapped at connect) and the
+ * The shm transport in one communicator: this rank's inbox segment, the
+ * peers' inboxes (each mapped when the connection to that peer is made, on
+ * first use: a rank maps only the inboxes of the peers it talks to) and the
  * doorbell of the inbox, on which the engine sleeps.
+ *
+ * The inbox file is removed right after it is created and mapped; its
+ * descriptor stays open, and peers open the file through it
+ * (/proc/PID/fd/FD, published in the peer record).  Connections are made at
+ * any time during the communicator's life, so no moment comes when "every
+ * peer mapped it"; removing it at once still means a crash leaves nothing in
+ * /dev/shm.
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -43,8 +51,9 @@ dshim_status_t dshim_shm_comm_setup(const dshim_transport_comm_t *comm, void **s
     sc->peer_inbox = peer_inbox;
     /* pid + communicator hash: unique on this host, and a stale file of a
      * crashed job cannot be adopted (create is O_EXCL) */
-    snprintf(addr, addr_len, "dshim-%d-%016" PRIx64, (int)getpid(), comm->comm_hash);
-    dshim_status_t st = dshim_shm_seg_create(sc->dir, addr, comm->size, sc->ring_size, &sc->inbox);
+    char name[64];
+    snprintf(name, sizeof(name), "dshim-%d-%016" PRIx64, (int)getpid(), comm->comm_hash);
+    dshim_status_t st = dshim_shm_seg_create(sc->dir, name, comm->size, sc->ring_size, &sc->inbox);
     if (st != DSHIM_OK) {
         DSHIM_WARN("rank %d: shared memory unavailable (%s); using TCP between local ranks", comm->rank,
                    dshim_last_error());
@@ -53,6 +62,9 @@ dshim_status_t dshim_shm_comm_setup(const dshim_transport_comm_t *comm, void **s
         free(sc);
         return DSHIM_OK;
     }
+    /* peers open it through my descriptor from now on (see the top) */
+    dshim_shm_seg_unlink(sc->inbox);
+    snprintf(addr, addr_len, "%d %d %s", (int)getpid(), dshim_shm_seg_fd(sc->inbox), name);
     *state_p = sc;
     return DSHIM_OK;
 }
@@ -68,18 +80,26 @@ dshim_status_t dshim_shm_comm_connect(void *state, const dshim_transport_peer_t 
                                       dshim_conn_t **conn_p)
 {
     shm_comm_t *sc = state;
-    DSHIM_CHECK(dshim_shm_seg_attach(sc->dir, peer->addr, sc->size, sc->ring_size, &sc->peer_inbox[peer->rank]));
-    return dshim_shm_conn_create(sc->inbox, sc->peer_inbox[peer->rank], sc->rank, peer->rank, fd, conn_p);
-}
-
-void dshim_shm_comm_connected(void *state)
-{
-    shm_comm_t *sc = state;
-    /* every peer mapped my inbox: the file can go, so a crash leaves
-     * nothing in /dev/shm */
-    if (sc) {
-        dshim_shm_seg_unlink(sc->inbox);
+    int pid = -1, seg_fd = -1;
+    char name[64] = "";
+    if (sscanf(peer->addr, "%d %d %63s", &pid, &seg_fd, name) != 3 || pid <= 0 || seg_fd < 0) {
+        return dshim_error(DSHIM_ERR_PROTOCOL, "shm: peer rank %d published the inbox '%s', not 'PID FD NAME': "
+                           "two dshim versions in one job?", peer->rank, peer->addr);
     }
+    /* connections to different peers may be made by different threads (the
+     * executor and the acceptor, shim/comm/bootstrap.c): each touches only
+     * its peer's entry */
+    dshim_status_t st = dshim_shm_seg_attach_fd(pid, seg_fd, sc->size, sc->ring_size, &sc->peer_inbox[peer->rank]);
+    if (st != DSHIM_OK) {
+        return dshim_error(st, "shm: cannot map the inbox %s of peer rank %d: %s", name, peer->rank,
+                           dshim_last_error());
+    }
+    st = dshim_shm_conn_create(sc->inbox, sc->peer_inbox[peer->rank], sc->rank, peer->rank, fd, conn_p);
+    if (st != DSHIM_OK) {
+        dshim_shm_seg_detach(sc->peer_inbox[peer->rank]);
+        sc->peer_inbox[peer->rank] = NULL;
+    }
+    return st;
 }
 
 void dshim_shm_comm_teardown(void *state)
@@ -91,8 +111,6 @@ void dshim_shm_comm_teardown(void *state)
     for (int r = 0; r < sc->size; r++) {
         dshim_shm_seg_detach(sc->peer_inbox[r]);
     }
-    /* detach also removes the file of an inbox that was never unlinked
-     * (an error before every peer connected) */
     dshim_shm_seg_detach(sc->inbox);
     free(sc->peer_inbox);
     free(sc);

@@ -48,6 +48,7 @@ struct dshim_shm_seg {
     char *path;
     int owner;     /* created it: detach removes the file if nobody did */
     int unlinked;
+    int fd;        /* owner: kept open, so that peers can still open the unlinked file (dshim_shm_seg_fd) */
 };
 
 static shm_header_t *seg_header(dshim_shm_seg_t *seg)
@@ -101,6 +102,7 @@ static dshim_status_t seg_alloc(const char *dir, const char *name, int nrings, s
     }
     snprintf(path, path_len, "%s/%s", dir, name);
     seg->path = path;
+    seg->fd = -1;
     seg->nrings = nrings;
     seg->ring_size = ring_size;
     seg->map_bytes = 2 * DSHIM_SHM_LINE + (size_t)nrings * ring_stride(ring_size);
@@ -112,6 +114,9 @@ static void seg_free(dshim_shm_seg_t *seg)
 {
     if (seg->base != NULL) {
         munmap(seg->base, seg->map_bytes);
+    }
+    if (seg->fd >= 0) {
+        close(seg->fd);
     }
     free(seg->path);
     free(seg);
@@ -177,7 +182,7 @@ dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nring
         goto fail;
     }
     seg->base = base;
-    close(fd);
+    seg->fd = fd; /* closed by seg_free: peers may open the file through it after the unlink */
     fd = -1;
 
     /* ftruncate zero-filled everything: positions, doorbell and sleepers
@@ -202,20 +207,20 @@ fail:
     return st;
 }
 
-dshim_status_t dshim_shm_seg_attach(const char *dir, const char *name, int nrings, size_t ring_size,
-                                    dshim_shm_seg_t **seg_p)
+/* Maps the segment opened as seg->path; `follow`: the path is a /proc magic
+ * link to the owner's descriptor, which must be followed. */
+static dshim_status_t attach_seg(dshim_shm_seg_t *seg, int follow, int nrings, size_t ring_size,
+                                 dshim_shm_seg_t **seg_p)
 {
-    dshim_shm_seg_t *seg;
     dshim_status_t st;
     struct stat sb;
 
-    *seg_p = NULL;
-    DSHIM_CHECK(check_geometry(dir, name, nrings, ring_size));
-    DSHIM_CHECK(seg_alloc(dir, name, nrings, ring_size, &seg));
-    int fd = open(seg->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(seg->path, O_RDWR | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW));
     if (fd < 0) {
-        st = dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot open segment %s: %s (was it created and not yet "
-                                           "removed by its owner?)", seg->path, strerror(errno));
+        st = dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot open segment %s: %s (%s)", seg->path, strerror(errno),
+                         follow ? "did its owner exit, or may this process not open its descriptors: another "
+                                  "user or pid namespace? DSHIM_TRANSPORT=tcp avoids shared memory"
+                                : "was it created and not yet removed by its owner?");
         seg_free(seg);
         return st;
     }
@@ -263,6 +268,33 @@ out:
     }
     *seg_p = seg;
     return DSHIM_OK;
+}
+
+dshim_status_t dshim_shm_seg_attach(const char *dir, const char *name, int nrings, size_t ring_size,
+                                    dshim_shm_seg_t **seg_p)
+{
+    dshim_shm_seg_t *seg;
+    *seg_p = NULL;
+    DSHIM_CHECK(check_geometry(dir, name, nrings, ring_size));
+    DSHIM_CHECK(seg_alloc(dir, name, nrings, ring_size, &seg));
+    return attach_seg(seg, 0, nrings, ring_size, seg_p);
+}
+
+dshim_status_t dshim_shm_seg_attach_fd(int pid, int fd, int nrings, size_t ring_size, dshim_shm_seg_t **seg_p)
+{
+    dshim_shm_seg_t *seg;
+    char dir[32], name[16];
+    *seg_p = NULL;
+    snprintf(dir, sizeof(dir), "/proc/%d/fd", pid);
+    snprintf(name, sizeof(name), "%d", fd);
+    DSHIM_CHECK(check_geometry(dir, name, nrings, ring_size));
+    DSHIM_CHECK(seg_alloc(dir, name, nrings, ring_size, &seg));
+    return attach_seg(seg, 1, nrings, ring_size, seg_p);
+}
+
+int dshim_shm_seg_fd(const dshim_shm_seg_t *seg)
+{
+    return seg ? seg->fd : -1;
 }
 
 void dshim_shm_seg_unlink(dshim_shm_seg_t *seg)

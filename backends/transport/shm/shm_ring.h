@@ -31,7 +31,13 @@ dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nring
  * ring_size) and fails with DSHIM_ERR_PROTOCOL on a mismatch. */
 dshim_status_t dshim_shm_seg_attach(const char *dir, const char *name, int nrings, size_t ring_size,
                                     dshim_shm_seg_t **seg_p);
-/* Removes the file (mappings stay valid).  Called once every peer attached. */
+/* Peer side, for a segment whose file the owner (process `pid`) already
+ * removed: maps it through the owner's descriptor fd (/proc/PID/fd/FD, which
+ * a process of the same user may open), with the checks of attach. */
+dshim_status_t dshim_shm_seg_attach_fd(int pid, int fd, int nrings, size_t ring_size, dshim_shm_seg_t **seg_p);
+/* The owner's descriptor of a segment it created (open until detach). */
+int dshim_shm_seg_fd(const dshim_shm_seg_t *seg);
+/* Removes the file (mappings stay valid, and so does the owner's descriptor). */
 void dshim_shm_seg_unlink(dshim_shm_seg_t *seg);
 void dshim_shm_seg_detach(dshim_shm_seg_t *seg);
 
