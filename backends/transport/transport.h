@@ -23,6 +23,12 @@
  *    in two threads at once for two different peers (the one using the
  *    communicator, and the one accepting its peers' connections): it must
  *    touch only that peer's part of the state.
+ *  - prepare (optional): called just before this rank begins a handshake
+ *    with a peer, to take hold of what the peer published while the peer is
+ *    surely alive: once it answers, it may send, finish and exit before this
+ *    side makes the connection (shm: opens its inbox, reachable only through
+ *    its process).  Errors are not reported here (connect reports them), and
+ *    it may run while the other thread connects the same peer.
  *  - teardown (optional): frees the state, after every connection is gone.
  *
  * Waiting.  A transport whose arrivals show on the connection's socket (tcp)
@@ -111,6 +117,7 @@ struct dshim_transport {
     dshim_status_t (*setup)(const dshim_transport_comm_t *comm, void **state_p, char *addr, size_t addr_len);
     int (*reaches)(void *state, const dshim_transport_peer_t *peer);
     dshim_status_t (*connect)(void *state, const dshim_transport_peer_t *peer, int fd, dshim_conn_t **conn_p);
+    void (*prepare)(void *state, const dshim_transport_peer_t *peer);
     void (*teardown)(void *state);
 
     /* waiting (both or neither) */

@@ -409,6 +409,16 @@ dshim_status_t dshim_comm_connect_start(dshim_comm_t *comm, int r)
     dshim_pending_conn_t *pc = &comm->pending[r];
     char who[160];
     dshim_comm_describe_peer(comm, r, who, sizeof(who));
+    /* before the handshake: once the peer answers it may send, finish and
+     * exit before this side makes the connection, and what only its process
+     * holds (shm: the inbox) would be gone (a torch test sends one message
+     * and exits at once) */
+    dshim_transport_peer_t pv = peer_view(comm, r);
+    int ti = -1;
+    if (pick_transport(comm, comm->transports_allowed, comm->transport_named, &pv, &ti) == DSHIM_OK &&
+        dshim_transport_at(ti)->prepare) {
+        dshim_transport_at(ti)->prepare(comm->transport_state[ti], &pv);
+    }
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
         pending_fail(comm, r);

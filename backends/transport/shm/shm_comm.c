@@ -12,6 +12,7 @@
  * /dev/shm.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
@@ -28,7 +29,11 @@ typedef struct shm_comm {
     char dir[4096];
     size_t ring_size;
     dshim_shm_seg_t *inbox;
-    dshim_shm_seg_t **peer_inbox; /* [size], mapped by connect */
+    dshim_shm_seg_t **peer_inbox; /* [size], mapped by prepare or connect */
+    /* the executor's prepare and the acceptor's connect may map the same
+     * peer's inbox at once (shim/comm/bootstrap.c: a simultaneous connect
+     * that the other side's connection wins) */
+    pthread_mutex_t inbox_lock;
 } shm_comm_t;
 
 dshim_status_t dshim_shm_comm_setup(const dshim_transport_comm_t *comm, void **state_p, char *addr,
@@ -49,6 +54,7 @@ dshim_status_t dshim_shm_comm_setup(const dshim_transport_comm_t *comm, void **s
     snprintf(sc->dir, sizeof(sc->dir), "%s", cfg->shm_dir);
     sc->ring_size = cfg->shm_ring_size;
     sc->peer_inbox = peer_inbox;
+    pthread_mutex_init(&sc->inbox_lock, NULL);
     /* pid + communicator hash: unique on this host, and a stale file of a
      * crashed job cannot be adopted (create is O_EXCL) */
     char name[64];
@@ -76,28 +82,47 @@ int dshim_shm_comm_reaches(void *state, const dshim_transport_peer_t *peer)
     return state != NULL && peer->same_host && peer->addr[0] != 0;
 }
 
-dshim_status_t dshim_shm_comm_connect(void *state, const dshim_transport_peer_t *peer, int fd,
-                                      dshim_conn_t **conn_p)
+/* Maps the peer's inbox once (through its process: /proc/PID/FD). */
+static dshim_status_t hold_inbox(shm_comm_t *sc, const dshim_transport_peer_t *peer)
 {
-    shm_comm_t *sc = state;
     int pid = -1, seg_fd = -1;
     char name[64] = "";
     if (sscanf(peer->addr, "%d %d %63s", &pid, &seg_fd, name) != 3 || pid <= 0 || seg_fd < 0) {
         return dshim_error(DSHIM_ERR_PROTOCOL, "shm: peer rank %d published the inbox '%s', not 'PID FD NAME': "
                            "two dshim versions in one job?", peer->rank, peer->addr);
     }
-    /* connections to different peers may be made by different threads (the
-     * executor and the acceptor, shim/comm/bootstrap.c): each touches only
-     * its peer's entry */
-    dshim_status_t st = dshim_shm_seg_attach_fd(pid, seg_fd, sc->size, sc->ring_size, &sc->peer_inbox[peer->rank]);
+    dshim_status_t st = DSHIM_OK;
+    pthread_mutex_lock(&sc->inbox_lock);
+    if (sc->peer_inbox[peer->rank] == NULL) {
+        st = dshim_shm_seg_attach_fd(pid, seg_fd, sc->size, sc->ring_size, &sc->peer_inbox[peer->rank]);
+    }
+    pthread_mutex_unlock(&sc->inbox_lock);
     if (st != DSHIM_OK) {
         return dshim_error(st, "shm: cannot map the inbox %s of peer rank %d: %s", name, peer->rank,
                            dshim_last_error());
     }
-    st = dshim_shm_conn_create(sc->inbox, sc->peer_inbox[peer->rank], sc->rank, peer->rank, fd, conn_p);
+    return DSHIM_OK;
+}
+
+void dshim_shm_comm_prepare(void *state, const dshim_transport_peer_t *peer)
+{
+    shm_comm_t *sc = state;
+    if (sc && dshim_shm_comm_reaches(state, peer)) {
+        (void)hold_inbox(sc, peer); /* a failure is connect's to report */
+    }
+}
+
+dshim_status_t dshim_shm_comm_connect(void *state, const dshim_transport_peer_t *peer, int fd,
+                                      dshim_conn_t **conn_p)
+{
+    shm_comm_t *sc = state;
+    DSHIM_CHECK(hold_inbox(sc, peer));
+    dshim_status_t st = dshim_shm_conn_create(sc->inbox, sc->peer_inbox[peer->rank], sc->rank, peer->rank, fd, conn_p);
     if (st != DSHIM_OK) {
+        pthread_mutex_lock(&sc->inbox_lock);
         dshim_shm_seg_detach(sc->peer_inbox[peer->rank]);
         sc->peer_inbox[peer->rank] = NULL;
+        pthread_mutex_unlock(&sc->inbox_lock);
     }
     return st;
 }
@@ -112,6 +137,7 @@ void dshim_shm_comm_teardown(void *state)
         dshim_shm_seg_detach(sc->peer_inbox[r]);
     }
     dshim_shm_seg_detach(sc->inbox);
+    pthread_mutex_destroy(&sc->inbox_lock);
     free(sc->peer_inbox);
     free(sc);
 }

@@ -13,6 +13,7 @@ dshim_status_t dshim_shm_comm_setup(const dshim_transport_comm_t *comm, void **s
 int dshim_shm_comm_reaches(void *state, const dshim_transport_peer_t *peer);
 dshim_status_t dshim_shm_comm_connect(void *state, const dshim_transport_peer_t *peer, int fd,
                                       dshim_conn_t **conn_p);
+void dshim_shm_comm_prepare(void *state, const dshim_transport_peer_t *peer);
 void dshim_shm_comm_teardown(void *state);
 uint32_t dshim_shm_comm_wait_arm(void *state);
 dshim_status_t dshim_shm_comm_wait(void *state, uint32_t armed, long timeout_us);

@@ -175,6 +175,7 @@ const dshim_transport_t dshim_transport_shm = {
     .setup       = dshim_shm_comm_setup,
     .reaches     = dshim_shm_comm_reaches,
     .connect     = dshim_shm_comm_connect,
+    .prepare     = dshim_shm_comm_prepare,
     .teardown    = dshim_shm_comm_teardown,
     .wait_arm    = dshim_shm_comm_wait_arm,
     .wait        = dshim_shm_comm_wait,
