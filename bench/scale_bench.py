@@ -760,10 +760,9 @@ class Report:
                 f"rounds; above 8: the pipelined ring, 2(N − 1) steps of 1 MiB/N): each rank moves about "
                 f"2 MiB whatever N, so the bytes through the 2 cores grow as N (all ranks' copies and "
                 f"reductions), and the ring's steps as N per rank, N² wake-ups in all: between N and N², "
-                f"the small chunks (16 KiB at N = 64) make the wake-ups dominate as N grows. dshim copies "
-                f"every byte twice (into the peer's ring, out of it) where OpenMPI's vader copies once "
-                f"(CMA, `process_vm_readv`), which is most of the gap at a few ranks (\"Ranks outnumber "
-                f"cores\"). dshim takes {self.ratio_range('1m')}× OpenMPI's time here over "
+                f"the small chunks (16 KiB at N = 64) make the wake-ups dominate as N grows. At a few ranks "
+                f"the copies into and out of dshim's 4 MiB rings miss the cache while ranks take turns on "
+                f"the cores (\"Ranks outnumber cores\"). dshim takes {self.ratio_range('1m')}× OpenMPI's time here over "
                 f"N = {self.nps[0]}…{nmax}.", "",
                 f"gloo (torch, TCP) is {self.gloo_range()} dshim's time at every N it ran and takes "
                 "about a second to start (a TCP full mesh through torch's store); it is capped at N = "
