@@ -22,20 +22,9 @@ import statistics
 import subprocess
 import sys
 
-UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text):
-    t = text.strip().upper()
-    mult = UNITS.get(t[-1:], 1)
-    return int(t[:-1] if mult != 1 else t) * mult
-
-
-def fmt_size(b):
-    for unit, f in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f and b % f == 0:
-            return f"{b // f} {unit}"
-    return f"{b} B"
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from run_bench import MPI_BTL, STRIP_ENV, STRIP_ENV_PREFIXES, fmt_size, parse_size  # noqa: E402
 
 
 def parse_case(text):
@@ -61,8 +50,14 @@ def rows_of(text, time_col):
     return out
 
 
+def clean_env():
+    """This shell's environment without rendezvous variables (each run sets up its own job)."""
+    return {k: v for k, v in os.environ.items() if k not in STRIP_ENV and not k.startswith(STRIP_ENV_PREFIXES)}
+
+
 def run_dshim(a, env_extra, sizes):
-    env = dict(os.environ, OMP_NUM_THREADS="1", DSHIM_TRANSPORT=a.transport, **env_extra)
+    env = clean_env()
+    env.update(OMP_NUM_THREADS="1", DSHIM_TRANSPORT=a.transport, **env_extra)
     if a.transport == "tcp":
         env.setdefault("DSHIM_SOCKET_IFNAME", "lo")
     got = {}
@@ -75,12 +70,10 @@ def run_dshim(a, env_extra, sizes):
 
 
 def run_mpi(a, sizes):
-    btl = ["--mca", "btl", "vader,self"] if a.transport == "shm" else \
-        ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np), "--mca", "pml", "ob1"] + btl + \
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np)] + MPI_BTL[a.transport] + \
         a.mpi_args.split() + [os.path.join(a.build, "bench", "mpi_bench"), "-T", a.transport,
                               "-s", ",".join(map(str, sizes)), "-t", str(a.min_time)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    p = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=a.timeout)
     return rows_of(p.stdout, 2)
 
 

@@ -59,19 +59,40 @@ dshim_status_t dshim_allreduce_rd(dshim_comm_t *comm, const dshim_coll_sig_t *si
     return DSHIM_OK;
 }
 
+/* The direct and the ring allreduce each run 4(n-1) ops in one dshim_xfer:
+ * on the stack up to 16 ranks, else on the heap. */
+#define AR_STACK_OPS (4 * 16)
+
+static dshim_xfer_op_t *alloc_ops(dshim_xfer_op_t *stack, int n)
+{
+    size_t nops = (size_t)4 * (size_t)(n - 1);
+    dshim_xfer_op_t *ops = nops <= AR_STACK_OPS ? stack : calloc(nops, sizeof(*ops));
+    if (!ops) {
+        dshim_error(DSHIM_ERR_NOMEM, "out of memory for the %zu transfer steps of an allreduce over %d ranks", nops,
+                    n);
+    }
+    return ops;
+}
+
+static dshim_status_t xfer_and_free(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int k,
+                                    const dshim_xfer_op_t *stack)
+{
+    dshim_status_t st = dshim_xfer(comm, sig, ops, k);
+    if (ops != stack) {
+        free(ops);
+    }
+    return st;
+}
+
 dshim_status_t dshim_allreduce_direct(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf, void *rbuf,
                                       size_t count)
 {
     int n = comm->size, r = comm->rank;
     size_t es = dshim_dtype_size((dshim_dtype_t)sig->dtype);
-    dshim_xfer_op_t ops_stack[4 * 16];
-    dshim_xfer_op_t *ops = ops_stack;
-    size_t nops = (size_t)4 * (size_t)(n - 1);
-    if (nops > sizeof(ops_stack) / sizeof(ops_stack[0])) {
-        ops = calloc(nops, sizeof(*ops));
-        if (!ops) {
-            return dshim_error(DSHIM_ERR_NOMEM, "out of memory for a direct allreduce over %d ranks", n);
-        }
+    dshim_xfer_op_t ops_stack[AR_STACK_OPS];
+    dshim_xfer_op_t *ops = alloc_ops(ops_stack, n);
+    if (!ops) {
+        return DSHIM_ERR_NOMEM;
     }
     const char *sb = sbuf;
     char *rb = rbuf;
@@ -106,11 +127,7 @@ dshim_status_t dshim_allreduce_direct(dshim_comm_t *comm, const dshim_coll_sig_t
         ops[k + 1] = dshim_xf_recv(from, rb + po * es, pl * es);
         k += 2;
     }
-    dshim_status_t st = dshim_xfer(comm, sig, ops, k);
-    if (ops != ops_stack) {
-        free(ops);
-    }
-    return st;
+    return xfer_and_free(comm, sig, ops, k, ops_stack);
 }
 
 dshim_status_t dshim_allreduce_ring(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf, void *rbuf,
@@ -120,14 +137,10 @@ dshim_status_t dshim_allreduce_ring(dshim_comm_t *comm, const dshim_coll_sig_t *
     size_t es = dshim_dtype_size((dshim_dtype_t)sig->dtype);
     int right = mod(r + 1, n), left = mod(r - 1, n);
     int steps = n - 1;
-    dshim_xfer_op_t ops_stack[4 * 16];
-    dshim_xfer_op_t *ops = ops_stack;
-    size_t nops = (size_t)4 * (size_t)steps;
-    if (nops > sizeof(ops_stack) / sizeof(ops_stack[0])) {
-        ops = calloc(nops, sizeof(*ops));
-        if (!ops) {
-            return dshim_error(DSHIM_ERR_NOMEM, "out of memory for %zu ring steps", nops);
-        }
+    dshim_xfer_op_t ops_stack[AR_STACK_OPS];
+    dshim_xfer_op_t *ops = alloc_ops(ops_stack, n);
+    if (!ops) {
+        return DSHIM_ERR_NOMEM;
     }
     const char *sb = sbuf;
     char *rb = rbuf;
@@ -155,11 +168,7 @@ dshim_status_t dshim_allreduce_ring(dshim_comm_t *comm, const dshim_coll_sig_t *
         prev_recv = &ops[k + 1];
         k += 2;
     }
-    dshim_status_t st = dshim_xfer(comm, sig, ops, k);
-    if (ops != ops_stack) {
-        free(ops);
-    }
-    return st;
+    return xfer_and_free(comm, sig, ops, k, ops_stack);
 }
 
 /* One step of a hierarchical collective, run directly on a private
