@@ -34,16 +34,21 @@ dshim_status_t dshim_allreduce_ring(dshim_comm_t *comm, const dshim_coll_sig_t *
  * two rounds beat 2(N-1) steps or log2 N full-size exchanges — from 3 to 8
  * ranks (every rank talks to every other), from past the small-message
  * range (N = 3: recursive doubling's fold costs less there; N >= 4: above a
- * quarter of it, where log2 N full copies outweigh a round) up to 4 MiB
- * (beyond, the ring's pipelined chunks win).  The same answer on every rank:
- * one host means one core count. */
+ * quarter of it, where log2 N full copies outweigh a round) while one round
+ * keeps at most DSHIM_DIRECT_MAX_ROUND_BYTES in flight: (N-1)·B, every rank
+ * sending B/N to each of N-1 peers at once.  Beyond that the round's bytes
+ * leave the cores' caches (measured on 2 cores with 1 MiB of L2 each: N = 4
+ * direct wins at 512 KiB and loses at 1 MiB, N = 8 wins at 128 KiB and
+ * loses at 256 KiB) and the ring's pipelined chunks win.  The same answer on
+ * every rank: one host means one core count. */
 #define DSHIM_DIRECT_MAX_RANKS 8
-#define DSHIM_DIRECT_MAX_BYTES ((size_t)4 << 20)
+#define DSHIM_DIRECT_MAX_ROUND_BYTES ((size_t)3 << 19) /* 1.5 MiB */
+
 static inline int dshim_allreduce_direct_fits(const dshim_comm_t *comm, size_t bytes, size_t count)
 {
     int n = comm->size;
     if (comm->nhosts != 1 || !comm->spin_yields || n < 3 || n > DSHIM_DIRECT_MAX_RANKS || count < (size_t)n ||
-        bytes > DSHIM_DIRECT_MAX_BYTES) {
+        bytes > DSHIM_DIRECT_MAX_ROUND_BYTES / (size_t)(n - 1)) {
         return 0;
     }
     return bytes > (n == 3 ? comm->small_msg_bytes : comm->small_msg_bytes / 4);
