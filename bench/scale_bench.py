@@ -722,10 +722,10 @@ class Report:
                     f"{c.get('rank0_established')} sockets: its connections, its store client, and the "
                     f"store's end of every rank's connection.", "",
                     f"**Shared memory: one inbox per peer talked to.** Every rank creates an inbox of N "
-                    f"rings × 4 MiB (`DSHIM_SHM_RING_SIZE`; only rings that carry data get pages) and maps "
+                    f"rings × 1 MiB (`DSHIM_SHM_RING_SIZE`; only rings that carry data get pages) and maps "
                     f"a peer's inbox when it first connects to that peer: {c.get('shm_segments')} segments, "
                     f"{c.get('shm_mapped_mib', 0):.0f} MiB of address space per rank at N = {cn} (a full "
-                    f"mesh would map N: 4·N² MiB). The files are unlinked as soon as they are created "
+                    f"mesh would map N: N² MiB). The files are unlinked as soon as they are created "
                     f"(peers open them through the owner's descriptor): nothing is ever left in /dev/shm.",
                     ""]
         out += [f"**Start-up time** (max over ranks: exponent {k('dshim', 'init')} for dshim, "
@@ -756,13 +756,12 @@ class Report:
                 f"4 KiB allreduce {self.ratio_range('4k')}× over N = {self.nps[0]}…{nmax} in this run "
                 f"(exponents {k('openmpi', 'barrier')} and {k('openmpi', '4k')} for OpenMPI).", "",
                 f"**1 MiB allreduce** (exponent {k('dshim', '1m')} for dshim, {k('openmpi', '1m')} for "
-                f"OpenMPI; N = 3…8 on one host with more ranks than cores: the direct algorithm, two "
-                f"rounds; above 8: the pipelined ring, 2(N − 1) steps of 1 MiB/N): each rank moves about "
+                f"OpenMPI; the pipelined ring, 2(N − 1) steps of 1 MiB/N: the direct algorithm's round "
+                f"would hold (N − 1) MiB in flight): each rank moves about "
                 f"2 MiB whatever N, so the bytes through the 2 cores grow as N (all ranks' copies and "
                 f"reductions), and the ring's steps as N per rank, N² wake-ups in all: between N and N², "
-                f"the small chunks (16 KiB at N = 64) make the wake-ups dominate as N grows. At a few ranks "
-                f"the copies into and out of dshim's 4 MiB rings miss the cache while ranks take turns on "
-                f"the cores (\"Ranks outnumber cores\"). dshim takes {self.ratio_range('1m')}× OpenMPI's time here over "
+                f"the small chunks (16 KiB at N = 64) make the wake-ups dominate as N grows. "
+                f"dshim takes {self.ratio_range('1m')}× OpenMPI's time here over "
                 f"N = {self.nps[0]}…{nmax}.", "",
                 f"gloo (torch, TCP) is {self.gloo_range()} dshim's time at every N it ran and takes "
                 "about a second to start (a TCP full mesh through torch's store); it is capped at N = "

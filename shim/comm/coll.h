@@ -24,6 +24,11 @@ dshim_status_t dshim_allreduce_rd(dshim_comm_t *comm, const dshim_coll_sig_t *si
  * the ring's 2(N-1) steps, the same bytes; every rank talks to every other). */
 dshim_status_t dshim_allreduce_direct(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf, void *rbuf,
                                       size_t count);
+/* Rabenseifner's: reduce-scatter by recursive halving, then allgather by
+ * recursive doubling (2 log2 N steps, the ring's bytes; ranks beyond a power
+ * of two fold in and out as in recursive doubling), in place on buf, one
+ * dshim_xfer per step. */
+dshim_status_t dshim_allreduce_rabenseifner(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *buf, size_t count);
 /* Pipelined ring: reduce-scatter then allgather, one xfer for all steps. */
 dshim_status_t dshim_allreduce_ring(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf, void *rbuf,
                                     size_t count);
@@ -54,9 +59,32 @@ static inline int dshim_allreduce_direct_fits(const dshim_comm_t *comm, size_t b
     return bytes > (n == 3 ? comm->small_msg_bytes : comm->small_msg_bytes / 4);
 }
 
+/* Where auto picks Rabenseifner's allreduce: one host with more ranks than
+ * cores and more than DSHIM_DIRECT_MAX_RANKS of them, past the small-message
+ * range up to DSHIM_RABENSEIFNER_MAX_BYTES.  Each of the ring's 2(N-1)
+ * dependent steps waits for a peer to be scheduled; 2 log2 N steps of the
+ * same bytes wait less (N = 16: 64-256 KiB 1.4-1.8x faster than the ring,
+ * N = 64: 128-256 KiB 1.1-1.9x).  Beyond, the ring's pipelined chunks win
+ * (N = 16, 1 MiB: 5.0 ms against the ring's 3.6), as the halving steps move
+ * B/2, B/4, ... whole (docs/benchmarks.md, "Ranks outnumber cores"). */
+#define DSHIM_RABENSEIFNER_MAX_BYTES ((size_t)256 << 10)
+
+static inline int dshim_allreduce_rabenseifner_fits(const dshim_comm_t *comm, size_t bytes, size_t count)
+{
+    return comm->nhosts == 1 && comm->spin_yields && comm->size > DSHIM_DIRECT_MAX_RANKS &&
+           count >= (size_t)comm->size && bytes > comm->small_msg_bytes && bytes <= DSHIM_RABENSEIFNER_MAX_BYTES;
+}
+
 /* Which allreduce algorithm runs a request: decided here once, for
  * dshim_algo_allreduce and for the flight recorder's entry. */
-typedef enum { DSHIM_AR_NONE = 0, DSHIM_AR_HIER, DSHIM_AR_RD, DSHIM_AR_RING, DSHIM_AR_DIRECT } dshim_ar_choice_t;
+typedef enum {
+    DSHIM_AR_NONE = 0,
+    DSHIM_AR_HIER,
+    DSHIM_AR_RD,
+    DSHIM_AR_RING,
+    DSHIM_AR_DIRECT,
+    DSHIM_AR_RABENSEIFNER
+} dshim_ar_choice_t;
 static inline dshim_ar_choice_t dshim_allreduce_choice(const dshim_comm_t *comm, const dshim_request_t *req)
 {
     size_t bytes = req->count * dshim_dtype_size(req->dtype);
@@ -70,8 +98,14 @@ static inline dshim_ar_choice_t dshim_allreduce_choice(const dshim_comm_t *comm,
     if (comm->algo == DSHIM_ALGO_DIRECT) {
         return DSHIM_AR_DIRECT;
     }
+    if (comm->algo == DSHIM_ALGO_RABENSEIFNER) {
+        return DSHIM_AR_RABENSEIFNER;
+    }
     if (comm->algo == DSHIM_ALGO_AUTO && dshim_allreduce_direct_fits(comm, bytes, req->count)) {
         return DSHIM_AR_DIRECT;
+    }
+    if (comm->algo == DSHIM_ALGO_AUTO && dshim_allreduce_rabenseifner_fits(comm, bytes, req->count)) {
+        return DSHIM_AR_RABENSEIFNER;
     }
     if (comm->algo == DSHIM_ALGO_RD ||
         (comm->algo == DSHIM_ALGO_AUTO && (bytes <= comm->small_msg_bytes || req->count < (size_t)comm->size))) {

@@ -59,6 +59,89 @@ dshim_status_t dshim_allreduce_rd(dshim_comm_t *comm, const dshim_coll_sig_t *si
     return DSHIM_OK;
 }
 
+/* Element offset of block b of count elements split into p blocks (b = p: the end). */
+static size_t block_off(size_t count, int p, int b)
+{
+    size_t off, len;
+    if (b >= p) {
+        return count;
+    }
+    dshim_part(count, p, b, &off, &len);
+    return off;
+}
+
+dshim_status_t dshim_allreduce_rabenseifner(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *buf, size_t count)
+{
+    int n = comm->size, r = comm->rank;
+    size_t es = dshim_dtype_size((dshim_dtype_t)sig->dtype);
+    size_t bytes = count * es;
+    char *b = buf;
+    int p = 1;
+    while (p * 2 <= n) {
+        p *= 2;
+    }
+    int rem = n - p;
+    int vrank;
+    dshim_xfer_op_t ops[2];
+    /* the ranks beyond a power of two fold in and out as in recursive doubling */
+    if (r < 2 * rem) {
+        if (r % 2 == 0) {
+            ops[0] = dshim_xf_send(r + 1, buf, bytes);
+            DSHIM_CHECK(dshim_xfer(comm, sig, ops, 1));
+            ops[0] = dshim_xf_recv(r + 1, buf, bytes);
+            return dshim_xfer(comm, sig, ops, 1);
+        }
+        ops[0] = dshim_xf_recv_reduce(r - 1, buf, buf, bytes, 1);
+        DSHIM_CHECK(dshim_xfer(comm, sig, ops, 1));
+        vrank = r / 2;
+    } else {
+        vrank = r - rem;
+    }
+#define REAL_RANK(v) ((v) < rem ? 2 * (v) + 1 : (v) + rem)
+    /* reduce-scatter by recursive halving: [lo, hi) are the blocks still mine;
+     * each step keeps the half on my side of the mask and reduces the
+     * partner's copy of it into mine, while the other half goes to him */
+    int lo = 0, hi = p;
+    for (int mask = p / 2; mask >= 1; mask /= 2) {
+        int peer = REAL_RANK(vrank ^ mask);
+        int mid = lo + (hi - lo) / 2;
+        int keep_lo = (vrank & mask) ? mid : lo, keep_hi = (vrank & mask) ? hi : mid;
+        int give_lo = (vrank & mask) ? lo : mid, give_hi = (vrank & mask) ? mid : hi;
+        size_t ko = block_off(count, p, keep_lo), kl = block_off(count, p, keep_hi) - ko;
+        size_t go = block_off(count, p, give_lo), gl = block_off(count, p, give_hi) - go;
+        ops[0] = dshim_xf_send(peer, b + go * es, gl * es);
+        ops[1] = dshim_xf_recv_reduce(peer, b + ko * es, b + ko * es, kl * es, peer < r);
+        DSHIM_CHECK(dshim_xfer(comm, sig, ops, 2));
+        lo = keep_lo;
+        hi = keep_hi;
+    }
+    /* block vrank is reduced here and nowhere else: every rank gets these bits */
+    if (sig->redop == DSHIM_AVG) {
+        size_t mo = block_off(count, p, lo);
+        DSHIM_CHECK(comm->reduce->scale_div(b + mo * es, block_off(count, p, hi) - mo, (dshim_dtype_t)sig->dtype, n,
+                                            NULL));
+    }
+    /* allgather by recursive doubling: the blocks I hold for the partner's */
+    for (int mask = 1; mask < p; mask *= 2) {
+        int peer = REAL_RANK(vrank ^ mask);
+        int size = hi - lo;
+        int plo = (vrank & mask) ? lo - size : hi, phi = plo + size;
+        size_t mo = block_off(count, p, lo), ml = block_off(count, p, hi) - mo;
+        size_t po = block_off(count, p, plo), pl = block_off(count, p, phi) - po;
+        ops[0] = dshim_xf_send(peer, b + mo * es, ml * es);
+        ops[1] = dshim_xf_recv(peer, b + po * es, pl * es);
+        DSHIM_CHECK(dshim_xfer(comm, sig, ops, 2));
+        lo = lo < plo ? lo : plo;
+        hi = hi > phi ? hi : phi;
+    }
+#undef REAL_RANK
+    if (r < 2 * rem) {
+        ops[0] = dshim_xf_send(r - 1, buf, bytes);
+        DSHIM_CHECK(dshim_xfer(comm, sig, ops, 1));
+    }
+    return DSHIM_OK;
+}
+
 /* The direct and the ring allreduce each run 4(n-1) ops in one dshim_xfer:
  * on the stack up to 16 ranks, else on the heap. */
 #define AR_STACK_OPS (4 * 16)
@@ -248,6 +331,11 @@ dshim_status_t dshim_algo_allreduce(dshim_comm_t *comm, dshim_request_t *req)
         return dshim_allreduce_rd(comm, &req->sig, req->rbuf, req->count);
     case DSHIM_AR_DIRECT:
         return dshim_allreduce_direct(comm, &req->sig, req->sbuf, req->rbuf, req->count);
+    case DSHIM_AR_RABENSEIFNER:
+        if (req->sbuf != req->rbuf) {
+            memcpy(req->rbuf, req->sbuf, bytes);
+        }
+        return dshim_allreduce_rabenseifner(comm, &req->sig, req->rbuf, req->count);
     case DSHIM_AR_RING:
         break;
     }

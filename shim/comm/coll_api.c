@@ -558,6 +558,8 @@ const char *dshim_algo_name(const dshim_comm_t *comm, const dshim_request_t *req
             return "ring";
         case DSHIM_AR_DIRECT:
             return "direct";
+        case DSHIM_AR_RABENSEIFNER:
+            return "rabenseifner";
         }
         return NULL;
     case DSHIM_COLL_BROADCAST:

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -834,13 +835,46 @@ START_TEST(test_store_host_startup_failure_named)
 }
 END_TEST
 
+/* The external store lives in a process of its own, as under dshim-run:
+ * its server thread must not be in the process that forks the ranks (a
+ * fork while that thread holds a lock of the allocator or of ASan's thread
+ * registry leaves the child's copy locked forever: the ranks hung, 1 run in
+ * 4 under ASan).  Returns the store process's pid; *port_p its port. */
+static pid_t start_store_process(int *port_p)
+{
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        /* a failed assertion ends the test's process: this one goes with it */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(p[0]);
+        dshim_store_server_t *srv = NULL;
+        int port = 0;
+        if (dshim_store_server_start("127.0.0.1", test_free_port(), "test-token", &srv, &port) != DSHIM_OK) {
+            port = -1;
+        }
+        ssize_t w = write(p[1], &port, sizeof(port));
+        (void)w;
+        for (;;) {
+            pause(); /* until the test ends it */
+        }
+    }
+    close(p[1]);
+    ck_assert_int_eq(read(p[0], port_p, sizeof(*port_p)), (ssize_t)sizeof(*port_p));
+    close(p[0]);
+    ck_assert_int_gt(*port_p, 0);
+    return pid;
+}
+
 START_TEST(test_startup_failure_named_external_store)
 {
     int port = 0;
-    dshim_store_server_t *srv = NULL;
-    ck_assert_int_eq(dshim_store_server_start("127.0.0.1", test_free_port(), "test-token", &srv, &port), DSHIM_OK);
+    pid_t store = start_store_process(&port);
     run_startup_failure(2, (startup_case_t){.failing = 0, .external_port = port});
-    dshim_store_server_stop(srv);
+    kill(store, SIGKILL);
+    waitpid(store, NULL, 0);
     /* a non-host rank that fails is named to rank 0 too (at once, not after the timeout) */
     run_startup_failure(3, (startup_case_t){.failing = 1, .other_delay_s = 0.0});
 }
