@@ -432,6 +432,42 @@ START_TEST(test_zero_byte_p2p)
 }
 END_TEST
 
+/* A sender that finishes and exits at once while the receiver's own
+ * handshake to it is still in flight: the sender's connection, published by
+ * the receiver's acceptor, carries the data, and the receiver's failed
+ * attempt (reset by the sender's closed listener) must not fail the receive.
+ * A race: before the fix 2-10 runs in 300 failed ("closed the connection
+ * during the handshake"); 60 runs here. */
+static int body_send_and_exit(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    int v = 7;
+    dshim_status_t st = rank == 0 ? dshim_send(comm, &v, 1, DSHIM_INT32, 1) : dshim_recv(comm, &v, 1, DSHIM_INT32, 0);
+    if (st != DSHIM_OK) {
+        fprintf(stderr, "ERROR: %s\n", dshim_last_error());
+    }
+    dshim_comm_destroy(comm);
+    return st == DSHIM_OK && v == 7 ? 0 : 3;
+}
+
+START_TEST(test_sender_exits_during_handshake)
+{
+    for (int i = 0; i < 60; i++) {
+        test_rank_result_t res[2];
+        int rc = test_run_ranks(2, body_send_and_exit, NULL, NULL, 20.0, res);
+        int ok = rc == 0 && res[0].exited && res[0].code == 0 && res[1].exited && res[1].code == 0;
+        if (!ok) {
+            dump(res, 2);
+        }
+        ck_assert_msg(ok, "run %d of 60: the receiver failed although the sender's connection carried its data", i);
+    }
+}
+END_TEST
+
 /* ---- abort from one rank ------------------------------------------------ */
 
 static int body_abort(int rank, int size, int port, void *arg)
@@ -1028,6 +1064,7 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_comm_set_timeout);
     tcase_add_test(tc, test_env_timeout_wins);
     tcase_add_test(tc, test_zero_byte_p2p);
+    tcase_add_test(tc, test_sender_exits_during_handshake);
     tcase_add_test(tc, test_abort_reaches_peers);
     tcase_add_test(tc, test_garbage_from_peer);
     tcase_add_test(tc, test_store_port_strangers);

@@ -234,8 +234,11 @@ fi
 
 # dshim-bench from the venv
 cd "$T/work" || exit 1
+# (ldd's output is read whole: with pipefail, `ldd | grep -q` fails whenever grep's early exit
+# hits ldd with SIGPIPE before its last line, as it did once in make test)
+bench_ldd=$(ldd "$pkg/bin/dshim-bench" 2>&1)
 if clean timeout -k 5 120 "$V/bin/dshim-bench" -n 2 -o allreduce -b 4K -e 1M -f 16 -t 0.1 >bench.log 2>&1 &&
-        grep -qE '^ +[0-9]+ .* ok$' bench.log && ldd "$pkg/bin/dshim-bench" | grep -q "libdshim.so => $pkg/bin/../lib/libdshim.so"; then
+        grep -qE '^ +[0-9]+ .* ok$' bench.log && grep -qF "libdshim.so => $pkg/bin/../lib/libdshim.so" <<<"$bench_ldd"; then
     ok "dshim-bench -n 2" "$(grep -E '^# dshim-bench' bench.log | head -1)"
 else
     bad "dshim-bench -n 2" "failed or linked another libdshim.so"; show bench.log; ldd "$pkg/bin/dshim-bench" | grep dshim
