@@ -446,10 +446,10 @@ dshim_status_t dshim_comm_connect_start(dshim_comm_t *comm, int r)
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(comm->peers[r].port),
                              .sin_addr = {.s_addr = comm->peers[r].ip}};
     int rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
-    if (rc != 0 && errno != EINPROGRESS && errno != EINTR) {
-        int err = errno;
-        pc->phase = PC_CONNECT; /* counted as pending, so that the resets below balance */
-        comm->npending++;
+    int err = errno;
+    pc->phase = rc == 0 ? PC_SEND : PC_CONNECT;
+    comm->npending++;
+    if (rc != 0 && err != EINPROGRESS && err != EINTR) {
         if (peer_published_meanwhile(comm, r)) {
             return DSHIM_OK;
         }
@@ -462,8 +462,6 @@ dshim_status_t dshim_comm_connect_start(dshim_comm_t *comm, int r)
                                  strerror(err),
                                  err == ECONNREFUSED ? " (its process exited, crashed or was killed)" : "");
     }
-    pc->phase = rc == 0 ? PC_SEND : PC_CONNECT;
-    comm->npending++;
     return DSHIM_OK;
 }
 

@@ -15,34 +15,69 @@ static int mod(int a, int n)
     return ((a % n) + n) % n;
 }
 
+/* Recursive doubling and Rabenseifner's on n ranks, n not a power of two:
+ * p is the largest power of two <= n and rem = n - p.  Of ranks 0..2rem-1
+ * the even ones hand their data to r+1 and get the result back at the end;
+ * the odd ones reduce it in and act as vrank r/2; the others are r - rem. */
+typedef struct fold {
+    int p, rem;
+    int vrank; /* -1: folded out, this rank already holds the result */
+} fold_t;
+
+static int fold_real_rank(const fold_t *f, int v)
+{
+    return v < f->rem ? 2 * v + 1 : v + f->rem;
+}
+
+static dshim_status_t fold_in(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *buf, size_t bytes, fold_t *f)
+{
+    int n = comm->size, r = comm->rank;
+    f->p = 1;
+    while (f->p * 2 <= n) {
+        f->p *= 2;
+    }
+    f->rem = n - f->p;
+    dshim_xfer_op_t op;
+    if (r >= 2 * f->rem) {
+        f->vrank = r - f->rem;
+        return DSHIM_OK;
+    }
+    if (r % 2 == 0) {
+        /* folded out: hand my data to r+1, get the result back at the end */
+        f->vrank = -1;
+        op = dshim_xf_send(r + 1, buf, bytes);
+        DSHIM_CHECK(dshim_xfer(comm, sig, &op, 1));
+        op = dshim_xf_recv(r + 1, buf, bytes);
+        return dshim_xfer(comm, sig, &op, 1);
+    }
+    f->vrank = r / 2;
+    op = dshim_xf_recv_reduce(r - 1, buf, buf, bytes, 1);
+    return dshim_xfer(comm, sig, &op, 1);
+}
+
+/* The result back to the folded-out partner. */
+static dshim_status_t fold_out(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *buf, size_t bytes,
+                               const fold_t *f)
+{
+    if (comm->rank >= 2 * f->rem) {
+        return DSHIM_OK;
+    }
+    dshim_xfer_op_t op = dshim_xf_send(comm->rank - 1, buf, bytes);
+    return dshim_xfer(comm, sig, &op, 1);
+}
+
 dshim_status_t dshim_allreduce_rd(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *buf, size_t count)
 {
     int n = comm->size, r = comm->rank;
     size_t bytes = count * dshim_dtype_size((dshim_dtype_t)sig->dtype);
-    int p = 1;
-    while (p * 2 <= n) {
-        p *= 2;
+    fold_t f;
+    DSHIM_CHECK(fold_in(comm, sig, buf, bytes, &f));
+    if (f.vrank < 0) {
+        return DSHIM_OK;
     }
-    int rem = n - p;
-    int vrank;
     dshim_xfer_op_t ops[2];
-    if (r < 2 * rem) {
-        if (r % 2 == 0) {
-            /* folded out: hand my data to r+1, get the result back at the end */
-            ops[0] = dshim_xf_send(r + 1, buf, bytes);
-            DSHIM_CHECK(dshim_xfer(comm, sig, ops, 1));
-            ops[0] = dshim_xf_recv(r + 1, buf, bytes);
-            return dshim_xfer(comm, sig, ops, 1);
-        }
-        ops[0] = dshim_xf_recv_reduce(r - 1, buf, buf, bytes, 1);
-        DSHIM_CHECK(dshim_xfer(comm, sig, ops, 1));
-        vrank = r / 2;
-    } else {
-        vrank = r - rem;
-    }
-    for (int mask = 1; mask < p; mask <<= 1) {
-        int vpeer = vrank ^ mask;
-        int peer = vpeer < rem ? 2 * vpeer + 1 : vpeer + rem;
+    for (int mask = 1; mask < f.p; mask <<= 1) {
+        int peer = fold_real_rank(&f, f.vrank ^ mask);
         ops[0] = dshim_xf_send(peer, buf, bytes);
         /* reduce into buf only behind what was already sent from it */
         ops[1] = dshim_xf_recv_reduce(peer, buf, buf, bytes, peer < r);
@@ -52,11 +87,7 @@ dshim_status_t dshim_allreduce_rd(dshim_comm_t *comm, const dshim_coll_sig_t *si
     if (sig->redop == DSHIM_AVG) {
         DSHIM_CHECK(comm->reduce->scale_div(buf, count, (dshim_dtype_t)sig->dtype, n, NULL));
     }
-    if (r < 2 * rem) {
-        ops[0] = dshim_xf_send(r - 1, buf, bytes);
-        DSHIM_CHECK(dshim_xfer(comm, sig, ops, 1));
-    }
-    return DSHIM_OK;
+    return fold_out(comm, sig, buf, bytes, &f);
 }
 
 /* Element offset of block b of count elements split into p blocks (b = p: the end). */
@@ -76,34 +107,19 @@ dshim_status_t dshim_allreduce_rabenseifner(dshim_comm_t *comm, const dshim_coll
     size_t es = dshim_dtype_size((dshim_dtype_t)sig->dtype);
     size_t bytes = count * es;
     char *b = buf;
-    int p = 1;
-    while (p * 2 <= n) {
-        p *= 2;
+    fold_t f;
+    DSHIM_CHECK(fold_in(comm, sig, buf, bytes, &f));
+    if (f.vrank < 0) {
+        return DSHIM_OK;
     }
-    int rem = n - p;
-    int vrank;
+    int p = f.p, vrank = f.vrank;
     dshim_xfer_op_t ops[2];
-    /* the ranks beyond a power of two fold in and out as in recursive doubling */
-    if (r < 2 * rem) {
-        if (r % 2 == 0) {
-            ops[0] = dshim_xf_send(r + 1, buf, bytes);
-            DSHIM_CHECK(dshim_xfer(comm, sig, ops, 1));
-            ops[0] = dshim_xf_recv(r + 1, buf, bytes);
-            return dshim_xfer(comm, sig, ops, 1);
-        }
-        ops[0] = dshim_xf_recv_reduce(r - 1, buf, buf, bytes, 1);
-        DSHIM_CHECK(dshim_xfer(comm, sig, ops, 1));
-        vrank = r / 2;
-    } else {
-        vrank = r - rem;
-    }
-#define REAL_RANK(v) ((v) < rem ? 2 * (v) + 1 : (v) + rem)
     /* reduce-scatter by recursive halving: [lo, hi) are the blocks still mine;
      * each step keeps the half on my side of the mask and reduces the
      * partner's copy of it into mine, while the other half goes to him */
     int lo = 0, hi = p;
     for (int mask = p / 2; mask >= 1; mask /= 2) {
-        int peer = REAL_RANK(vrank ^ mask);
+        int peer = fold_real_rank(&f, vrank ^ mask);
         int mid = lo + (hi - lo) / 2;
         int keep_lo = (vrank & mask) ? mid : lo, keep_hi = (vrank & mask) ? hi : mid;
         int give_lo = (vrank & mask) ? lo : mid, give_hi = (vrank & mask) ? mid : hi;
@@ -123,7 +139,7 @@ dshim_status_t dshim_allreduce_rabenseifner(dshim_comm_t *comm, const dshim_coll
     }
     /* allgather by recursive doubling: the blocks I hold for the partner's */
     for (int mask = 1; mask < p; mask *= 2) {
-        int peer = REAL_RANK(vrank ^ mask);
+        int peer = fold_real_rank(&f, vrank ^ mask);
         int size = hi - lo;
         int plo = (vrank & mask) ? lo - size : hi, phi = plo + size;
         size_t mo = block_off(count, p, lo), ml = block_off(count, p, hi) - mo;
@@ -134,12 +150,7 @@ dshim_status_t dshim_allreduce_rabenseifner(dshim_comm_t *comm, const dshim_coll
         lo = lo < plo ? lo : plo;
         hi = hi > phi ? hi : phi;
     }
-#undef REAL_RANK
-    if (r < 2 * rem) {
-        ops[0] = dshim_xf_send(r - 1, buf, bytes);
-        DSHIM_CHECK(dshim_xfer(comm, sig, ops, 1));
-    }
-    return DSHIM_OK;
+    return fold_out(comm, sig, buf, bytes, &f);
 }
 
 /* The direct and the ring allreduce each run 4(n-1) ops in one dshim_xfer:
