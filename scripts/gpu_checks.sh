@@ -332,7 +332,7 @@ step_sweep-nccl-preload-np2() {
     exit $rc
 }
 # the staged path alone (as between hosts), whole and in 4 MiB chunks: what the pipelining gains
-step_sweep-nccl-staged-np2() { DSHIM_NCCL_IPC=0 step_sweep-nccl-preload-np2; }
+step_sweep-nccl-staged-np2() { DSHIM_NCCL_IPC=0 DSHIM_NCCL_STAGE_CHUNK=0 step_sweep-nccl-preload-np2; }
 step_sweep-nccl-staged-chunks-np2() { DSHIM_NCCL_IPC=0 DSHIM_NCCL_STAGE_CHUNK=4m step_sweep-nccl-preload-np2; }
 step_sweep-dshim-np2() {
     need_torch_cuda

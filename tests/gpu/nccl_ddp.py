@@ -116,7 +116,9 @@ def host_does_not_wait(torch, dist, dev):
     DSHIM_NCCL_IPC_ASYNC=1 (a known gap, docs/nccl.md): there it is reported, not failed."""
     fails = []
     world = dist.get_world_size()
-    x = torch.ones(1 << 20, device=dev)  # 4 MiB
+    # ~4 MiB, a multiple of the world size: all_to_all_single with equal splits sends numel // world
+    # elements to each rank (torch's all2all_single_equal_split) and leaves the remainder unwritten
+    x = torch.ones((1 << 20) // world * world, device=dev)
     a2a = torch.empty_like(x)
     dt, total = returns_before_stream(torch, dist, dev, lambda: dist.all_to_all_single(a2a, x, async_op=True))
     if total > 0.3 and dt > 0.5 * total:
