@@ -32,12 +32,14 @@
  *  - teardown (optional): frees the state, after every connection is gone.
  *
  * Waiting.  A transport whose arrivals show on the connection's socket (tcp)
- * leaves wait_arm/wait NULL: the engine polls that socket, POLLIN to receive
- * and POLLOUT to send.  A transport with a wake-up of its own (shm's
- * doorbell) gives both; its sockets then only serve to notice the peer's
- * death.  The engine arms before every round of progress and sleeps with the
- * armed value when the round moved nothing, so a wake-up between the two is
- * never lost (see dshim_waiter_t).
+ * leaves wait_arm/wait/wait_disarm NULL: the engine polls that socket, POLLIN
+ * to receive and POLLOUT to send.  A transport with a wake-up of its own
+ * (shm's doorbell) gives all three; its sockets then only serve to notice
+ * the peer's death.  When its spin ran out the engine arms (announces that
+ * it is about to sleep), runs one more round of progress, and sleeps with
+ * the armed value if that round moved nothing, so a wake-up after the arm is
+ * never lost; while nobody is armed, waking costs the waker no write to a
+ * shared line (see dshim_waiter_t).
  *
  * Connections.  The collective engine drives every connection of a
  * communicator from one thread at a time, so implementations need no
@@ -120,9 +122,11 @@ struct dshim_transport {
     void (*prepare)(void *state, const dshim_transport_peer_t *peer);
     void (*teardown)(void *state);
 
-    /* waiting (both or neither) */
+    /* waiting (all three or none): arm announces a sleeper and returns the
+     * value to wait with, disarm withdraws it */
     uint32_t (*wait_arm)(void *state);
     dshim_status_t (*wait)(void *state, uint32_t armed, long timeout_us); /* < 0: until woken; wake = OK */
+    void (*wait_disarm)(void *state);
 
     /* per connection */
     dshim_status_t (*send)(dshim_conn_t *c, const void *buf, size_t len, size_t *n_p);
@@ -158,16 +162,18 @@ void dshim_transport_choices(char *out, size_t len);
 
 /* ---- waiting -----------------------------------------------------------
  * The waiter of a communicator knows the transports in use that have a
- * wake-up of their own.  The engine arms it before each round of progress
- * (hot path: one call per such transport, no system call), and when a round
- * moved nothing it lists the connections it is blocked on in a wait set and
- * sleeps on it. */
+ * wake-up of their own.  The engine arms it when its spin ran out (off the
+ * hot path: peers then wake it), runs one more round of progress, and when
+ * that round moved nothing it lists the connections it is blocked on in a
+ * wait set and sleeps on it; it disarms after the sleep, and when the round
+ * moved something. */
 
 typedef struct dshim_waiter {
     int n;
     const dshim_transport_t *transport[DSHIM_TRANSPORT_MAX];
     void *state[DSHIM_TRANSPORT_MAX];
     uint32_t armed[DSHIM_TRANSPORT_MAX];
+    int is_armed;
 } dshim_waiter_t;
 
 #define DSHIM_WAIT_SET_MAX 64
@@ -183,10 +189,16 @@ typedef struct dshim_wait_set {
 /* Records t (with its per-communicator state) when it has a wake-up of its own. */
 void dshim_waiter_add(dshim_waiter_t *w, const dshim_transport_t *t, void *state);
 
-static inline void dshim_waiter_arm(dshim_waiter_t *w)
+/* Announces this thread as about to sleep (once until disarmed). */
+void dshim_waiter_arm(dshim_waiter_t *w);
+/* Withdraws the announcement; nothing when not armed. */
+static inline void dshim_waiter_disarm(dshim_waiter_t *w)
 {
-    for (int i = 0; i < w->n; i++) {
-        w->armed[i] = w->transport[i]->wait_arm(w->state[i]);
+    if (w->is_armed) {
+        for (int i = 0; i < w->n; i++) {
+            w->transport[i]->wait_disarm(w->state[i]);
+        }
+        w->is_armed = 0;
     }
 }
 
@@ -202,7 +214,8 @@ void dshim_wait_set_add(dshim_wait_set_t *ws, const dshim_waiter_t *w, dshim_con
 void dshim_wait_set_add_fd(dshim_wait_set_t *ws, int fd, short events);
 /* Sleeps until something in ws may have changed or timeout_ms passed: on
  * the wake-up of a transport that has one (only 1 ms when sockets must be
- * watched too), then on the sockets.  DSHIM_ERR_PEER when a peer whose
+ * watched too; the waiter must be armed, and a round of progress must have
+ * followed the arm), then on the sockets; disarms.  DSHIM_ERR_PEER when a peer whose
  * socket only signals death closed it (or wrote to it). */
 dshim_status_t dshim_waiter_sleep(dshim_waiter_t *w, dshim_wait_set_t *ws, int timeout_ms);
 

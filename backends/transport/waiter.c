@@ -23,13 +23,25 @@ static int waiter_slot(const dshim_waiter_t *w, const dshim_transport_t *t)
 
 void dshim_waiter_add(dshim_waiter_t *w, const dshim_transport_t *t, void *state)
 {
-    if (!t->wait_arm || !t->wait || waiter_slot(w, t) >= 0 || w->n >= DSHIM_TRANSPORT_MAX) {
+    if (!t->wait_arm || !t->wait || !t->wait_disarm || waiter_slot(w, t) >= 0 || w->n >= DSHIM_TRANSPORT_MAX) {
         return;
     }
     w->transport[w->n] = t;
     w->state[w->n] = state;
-    w->armed[w->n] = t->wait_arm(state);
+    if (w->is_armed) {
+        w->armed[w->n] = t->wait_arm(state);
+    }
     w->n++;
+}
+
+void dshim_waiter_arm(dshim_waiter_t *w)
+{
+    if (!w->is_armed) {
+        for (int i = 0; i < w->n; i++) {
+            w->armed[i] = w->transport[i]->wait_arm(w->state[i]);
+        }
+        w->is_armed = 1;
+    }
 }
 
 void dshim_wait_set_init(dshim_wait_set_t *ws)
@@ -80,7 +92,7 @@ static int control_socket_closed(const dshim_conn_t *c)
 
 dshim_status_t dshim_waiter_sleep(dshim_waiter_t *w, dshim_wait_set_t *ws, int timeout_ms)
 {
-    if (ws->wake_ups) {
+    if (ws->wake_ups && w->is_armed) {
         /* sleep on the wake-up, then look at the sockets without waiting;
          * only briefly when sockets (or a second wake-up) must be watched too */
         int slot = __builtin_ctz(ws->wake_ups);
@@ -88,7 +100,10 @@ dshim_status_t dshim_waiter_sleep(dshim_waiter_t *w, dshim_wait_set_t *ws, int t
         /* a failed wait is a short sleep: the caller re-checks its state anyway */
         (void)w->transport[slot]->wait(w->state[slot], w->armed[slot], others ? 1000 : (long)timeout_ms * 1000);
         timeout_ms = 0;
+    } else if (ws->wake_ups && timeout_ms > 1) {
+        timeout_ms = 1; /* not armed: a wake-up could be missed, so never sleep long */
     }
+    dshim_waiter_disarm(w);
     int rc = poll(ws->pfd, (nfds_t)ws->n, timeout_ms);
     if (rc < 0 && errno != EINTR) {
         return dshim_error_quiet(DSHIM_ERR_SYSTEM, "poll failed: %s", strerror(errno));

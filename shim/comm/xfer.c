@@ -927,8 +927,8 @@ static dshim_status_t retry_after_wait_error(dshim_comm_t *comm, const dshim_col
     return DSHIM_OK;
 }
 
-dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
-                             const dshim_xfer_hooks_t *hooks)
+static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
+                               const dshim_xfer_hooks_t *hooks)
 {
     size_t esize = dshim_dtype_size((dshim_dtype_t)sig->dtype);
     if (esize == 0) {
@@ -961,8 +961,6 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
         sig = &batch_sig;
     }
     while (1) {
-        /* before looking at the connections: a wake-up after the look is not lost */
-        dshim_waiter_arm(&comm->waiter);
         int remaining = 0, moved = 0;
         if (watch_event) {
             uint64_t events;
@@ -1011,6 +1009,7 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             return DSHIM_OK;
         }
         if (moved) {
+            dshim_waiter_disarm(&comm->waiter);
             idle_loops = 0;
             if (trace_waiting) {
                 trace_moving(comm, p2p, ops, n);
@@ -1035,6 +1034,12 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             } else {
                 __builtin_ia32_pause();
             }
+            continue;
+        }
+        if (!comm->waiter.is_armed && comm->waiter.n > 0) {
+            /* about to sleep: announce it, then look once more, so that a
+             * peer's progress after this look wakes us (transport.h) */
+            dshim_waiter_arm(&comm->waiter);
             continue;
         }
         double waited = now - last_progress;
@@ -1066,4 +1071,13 @@ dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, ds
             idle_loops = 0;
         }
     }
+}
+
+dshim_status_t dshim_xfer_ex(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
+                             const dshim_xfer_hooks_t *hooks)
+{
+    dshim_status_t st = xfer_run(comm, sig, ops, n, hooks);
+    /* it may return from the round after an arm: peers need not wake us */
+    dshim_waiter_disarm(&comm->waiter);
+    return st;
 }

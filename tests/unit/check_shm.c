@@ -290,7 +290,9 @@ static void run_pair(size_t ring_size, pair_fn parent_fn, pair_fn child_fn)
     ck_assert_msg(rc == 0, "%s", err);
 }
 
-/* One round of "nothing moved": sleep on our doorbell, bounded. */
+/* One round of "nothing moved": sleep on our doorbell, bounded.  The loops
+ * below arm before each round (as the engine does before its last one) and
+ * disarm after it. */
 static int idle_wait(pair_ctx_t *ctx, uint32_t seen, double deadline, int *timeouts)
 {
     double t0 = now_s();
@@ -321,7 +323,7 @@ static int stream_send(pair_ctx_t *ctx, size_t total, uint64_t seed)
             piece_off = 0;
             pattern_fill(buf, sent, piece, seed);
         }
-        uint32_t seen = dshim_shm_doorbell_read(ctx->my_inbox);
+        uint32_t seen = dshim_shm_doorbell_arm(ctx->my_inbox);
         size_t n = 0;
         if (conn->ops->send(conn, buf + piece_off, piece - piece_off, &n) != DSHIM_OK) {
             free(buf);
@@ -333,6 +335,7 @@ static int stream_send(pair_ctx_t *ctx, size_t total, uint64_t seed)
             free(buf);
             return 1;
         }
+        dshim_shm_doorbell_disarm(ctx->my_inbox);
     }
     free(buf);
     FAIL_IF(conn->bytes_sent != total, "bytes_sent %llu != %zu", (unsigned long long)conn->bytes_sent, total);
@@ -350,7 +353,7 @@ static int stream_recv(pair_ctx_t *ctx, size_t total, uint64_t seed)
     FAIL_IF(buf == NULL, "out of memory");
     while (got < total) {
         size_t want = random_piece(&rng, total - got < MAX_PIECE ? total - got : MAX_PIECE);
-        uint32_t seen = dshim_shm_doorbell_read(ctx->my_inbox);
+        uint32_t seen = dshim_shm_doorbell_arm(ctx->my_inbox);
         size_t n = 0;
         dshim_status_t st = conn->ops->recv(conn, buf, want, &n);
         size_t bad = n % 8 == 0 ? pattern_check(buf, got, n, seed) : 0;
@@ -363,6 +366,7 @@ static int stream_recv(pair_ctx_t *ctx, size_t total, uint64_t seed)
             free(buf);
             return 1;
         }
+        dshim_shm_doorbell_disarm(ctx->my_inbox);
     }
     free(buf);
     FAIL_IF(conn->bytes_received != total, "bytes_received %llu != %zu",
@@ -381,7 +385,7 @@ static int stream_peek(pair_ctx_t *ctx, size_t total, uint64_t seed)
     double deadline = now_s() + LOOP_DEADLINE_S;
     int timeouts = 0;
     while (got < total) {
-        uint32_t seen = dshim_shm_doorbell_read(ctx->my_inbox);
+        uint32_t seen = dshim_shm_doorbell_arm(ctx->my_inbox);
         const void *p = NULL, *p2 = NULL;
         size_t avail = 0, avail2 = 0, n = 0;
         FAIL_IF(conn->ops->peek(conn, &p, &avail) != DSHIM_OK, "peek: %s", dshim_last_error());
@@ -389,8 +393,10 @@ static int stream_peek(pair_ctx_t *ctx, size_t total, uint64_t seed)
             if (idle_wait(ctx, seen, deadline, &timeouts) != 0) {
                 return 1;
             }
+            dshim_shm_doorbell_disarm(ctx->my_inbox);
             continue;
         }
+        dshim_shm_doorbell_disarm(ctx->my_inbox);
         FAIL_IF(avail % 8 != 0 || avail > ctx->ring_size, "peek gave %zu bytes", avail);
         FAIL_IF(pattern_check(p, got, avail, seed) != SIZE_MAX, "peeked bytes at %zu are wrong", got);
         FAIL_IF(conn->ops->peek(conn, &p2, &avail2) != DSHIM_OK || p2 != p || avail2 < avail,
@@ -460,7 +466,7 @@ static int bidir(pair_ctx_t *ctx)
         rc = 1;
     }
     while (rc == 0 && (sent < BIDIR_BYTES || got < BIDIR_BYTES)) {
-        uint32_t seen = dshim_shm_doorbell_read(ctx->my_inbox);
+        uint32_t seen = dshim_shm_doorbell_arm(ctx->my_inbox);
         size_t n = 0, m = 0;
         if (sent < BIDIR_BYTES) {
             if (piece_off == piece) {
@@ -488,6 +494,7 @@ static int bidir(pair_ctx_t *ctx)
         if (n == 0 && m == 0) {
             rc = idle_wait(ctx, seen, deadline, &timeouts);
         }
+        dshim_shm_doorbell_disarm(ctx->my_inbox);
     }
     free(tx);
     free(rx);
@@ -515,10 +522,11 @@ static int child_send_timestamp(pair_ctx_t *ctx)
 
 static int parent_wait_timestamp(pair_ctx_t *ctx)
 {
-    uint32_t seen = dshim_shm_doorbell_read(ctx->my_inbox);
+    uint32_t seen = dshim_shm_doorbell_arm(ctx->my_inbox);
     double t0 = now_s();
     FAIL_IF(dshim_shm_doorbell_wait(ctx->my_inbox, seen, WAKE_TIMEOUT_US) != DSHIM_OK, "wait failed");
     double t1 = now_s();
+    dshim_shm_doorbell_disarm(ctx->my_inbox);
     double ts = 0;
     size_t n = 0;
     FAIL_IF(ctx->conn->ops->recv(ctx->conn, &ts, sizeof(ts), &n) != DSHIM_OK || n != sizeof(ts),
@@ -542,7 +550,7 @@ START_TEST(test_doorbell_timeout)
 {
     dshim_shm_seg_t *seg = NULL;
     ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 1, 4096, &seg), DSHIM_OK);
-    uint32_t seen = dshim_shm_doorbell_read(seg);
+    uint32_t seen = dshim_shm_doorbell_arm(seg);
 
     double t0 = now_s();
     ck_assert_int_eq(dshim_shm_doorbell_wait(seg, seen, 50000), DSHIM_OK);
@@ -557,6 +565,7 @@ START_TEST(test_doorbell_timeout)
     t0 = now_s();
     ck_assert_int_eq(dshim_shm_doorbell_wait(seg, seen, 0), DSHIM_OK);
     ck_assert_double_lt(now_s() - t0, 1.0);
+    dshim_shm_doorbell_disarm(seg);
     dshim_shm_seg_detach(seg);
     ck_assert(!file_exists("seg"));
 }
@@ -579,7 +588,7 @@ static int parent_see_death(pair_ctx_t *ctx)
     double deadline = now_s() + 20.0;
     dshim_status_t st = DSHIM_OK;
     while (st == DSHIM_OK) {
-        uint32_t seen = dshim_shm_doorbell_read(ctx->my_inbox);
+        uint32_t seen = dshim_shm_doorbell_arm(ctx->my_inbox);
         size_t n = 0;
         st = ctx->conn->ops->recv(ctx->conn, (unsigned char *)buf + got, sizeof(buf) - got, &n);
         got += n;
@@ -590,6 +599,7 @@ static int parent_see_death(pair_ctx_t *ctx)
             FAIL_IF(dshim_shm_doorbell_wait(ctx->my_inbox, seen, 5000) != DSHIM_OK, "wait");
             FAIL_IF(now_s() > deadline, "peer death not noticed by recv");
         }
+        dshim_shm_doorbell_disarm(ctx->my_inbox);
     }
     FAIL_IF(st != DSHIM_ERR_PEER, "recv returned %d instead of DSHIM_ERR_PEER", (int)st);
     FAIL_IF(ctx->conn->bytes_received != sizeof(buf), "the 16 bytes sent before death were not delivered");
@@ -642,7 +652,9 @@ START_TEST(test_segment_lifecycle)
 
     /* the attached mapping sees the owner's doorbell */
     ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 4, 8192, &peer), DSHIM_OK);
-    ck_assert_uint_eq(dshim_shm_doorbell_read(peer), dshim_shm_doorbell_read(own));
+    ck_assert_uint_eq(dshim_shm_doorbell_arm(peer), dshim_shm_doorbell_arm(own));
+    dshim_shm_doorbell_disarm(peer);
+    dshim_shm_doorbell_disarm(own);
 
     /* mismatches */
     ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 3, 8192, &bad), DSHIM_ERR_PROTOCOL);
@@ -658,7 +670,8 @@ START_TEST(test_segment_lifecycle)
     /* unlink removes the file, mappings stay usable */
     dshim_shm_seg_unlink(own);
     ck_assert(!file_exists("seg"));
-    ck_assert_int_eq(dshim_shm_doorbell_wait(peer, dshim_shm_doorbell_read(peer) + 1, 1000), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_doorbell_wait(peer, dshim_shm_doorbell_arm(peer) + 1, 1000), DSHIM_OK);
+    dshim_shm_doorbell_disarm(peer);
     ck_assert_int_ne(dshim_shm_seg_attach(g_dir, "seg", 4, 8192, &bad), DSHIM_OK);
     dshim_shm_seg_detach(peer);
     dshim_shm_seg_detach(own);
@@ -806,10 +819,18 @@ START_TEST(test_loopback_semantics)
     ck_assert_uint_eq(conn->bytes_sent, 4096 + 1096 + 4000);
     ck_assert_uint_eq(conn->bytes_received, 4096 + 1096 + 4000);
 
-    /* every move rang the bell */
-    uint32_t bell = dshim_shm_doorbell_read(seg);
+    /* a move rings an armed waiter's bell, and writes nothing to the bell
+     * of one that is not about to sleep */
+    uint32_t bell = dshim_shm_doorbell_arm(seg);
     ck_assert_int_eq(conn->ops->send(conn, src, 8, &n), DSHIM_OK);
-    ck_assert_uint_eq(dshim_shm_doorbell_read(seg), bell + 1);
+    dshim_shm_doorbell_disarm(seg);
+    ck_assert_uint_eq(dshim_shm_doorbell_arm(seg), bell + 1);
+    dshim_shm_doorbell_disarm(seg);
+    ck_assert_int_eq(conn->ops->recv(conn, dst, 8, &n), DSHIM_OK);
+    ck_assert_uint_eq(n, 8);
+    ck_assert_int_eq(conn->ops->send(conn, src, 8, &n), DSHIM_OK);
+    ck_assert_uint_eq(dshim_shm_doorbell_arm(seg), bell + 1);
+    dshim_shm_doorbell_disarm(seg);
 
     /* destroy closes the control socket */
     conn->ops->destroy(conn);

@@ -144,7 +144,12 @@ void dshim_shm_comm_teardown(void *state)
 
 uint32_t dshim_shm_comm_wait_arm(void *state)
 {
-    return dshim_shm_doorbell_read(((shm_comm_t *)state)->inbox);
+    return dshim_shm_doorbell_arm(((shm_comm_t *)state)->inbox);
+}
+
+void dshim_shm_comm_wait_disarm(void *state)
+{
+    dshim_shm_doorbell_disarm(((shm_comm_t *)state)->inbox);
 }
 
 dshim_status_t dshim_shm_comm_wait(void *state, uint32_t armed, long timeout_us)

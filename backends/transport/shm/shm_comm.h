@@ -17,5 +17,6 @@ void dshim_shm_comm_prepare(void *state, const dshim_transport_peer_t *peer);
 void dshim_shm_comm_teardown(void *state);
 uint32_t dshim_shm_comm_wait_arm(void *state);
 dshim_status_t dshim_shm_comm_wait(void *state, uint32_t armed, long timeout_us);
+void dshim_shm_comm_wait_disarm(void *state);
 
 #endif

@@ -179,6 +179,7 @@ const dshim_transport_t dshim_transport_shm = {
     .teardown    = dshim_shm_comm_teardown,
     .wait_arm    = dshim_shm_comm_wait_arm,
     .wait        = dshim_shm_comm_wait,
+    .wait_disarm = dshim_shm_comm_wait_disarm,
     .send        = shm_send,
     .recv        = shm_recv,
     .peek        = shm_peek,

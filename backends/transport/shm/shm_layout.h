@@ -80,7 +80,7 @@ void dshim_shm_consumer_release(dshim_shm_consumer_t *c, size_t n);
 /* Copies up to len bytes out and releases them; returns the number given. */
 size_t dshim_shm_consumer_read(dshim_shm_consumer_t *c, void *buf, size_t len);
 
-/* Increments the segment's doorbell and wakes its owner if it sleeps. */
+/* Wakes the segment's owner if it announced that it sleeps (shm_ring.c). */
 void dshim_shm_doorbell_ring(dshim_shm_seg_t *seg);
 
 #endif

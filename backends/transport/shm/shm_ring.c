@@ -445,24 +445,29 @@ size_t dshim_shm_consumer_read(dshim_shm_consumer_t *c, void *buf, size_t len)
  *
  * The waiter W and a waker K race like this:
  *
- *   W: seen = doorbell (acquire)       K: publish head/tail (release)
- *   W: re-check rings, find nothing    K: doorbell += 1        (seq_cst RMW)
- *   W: sleepers += 1   (seq_cst RMW)   K: s = sleepers         (seq_cst load)
- *   W: d = doorbell    (seq_cst load)  K: if s > 0: FUTEX_WAKE
- *   W: if d == seen: FUTEX_WAIT(seen)
+ *   W: sleepers += 1   (seq_cst RMW)   K: publish head/tail (release)
+ *   W: seq_cst fence                   K: seq_cst fence
+ *   W: seen = doorbell (seq_cst load)  K: s = sleepers      (seq_cst load)
+ *   W: re-check rings, find nothing    K: if s > 0: doorbell += 1, FUTEX_WAKE
+ *   W: FUTEX_WAIT(seen); sleepers -= 1
  *
- * Both pairs "write one word, then read the other" are store->load orders,
- * which only seq_cst gives (on x86 the RMWs are locked instructions, i.e.
- * full fences).  All four operations are in one total order S.  If W's
- * increment of sleepers precedes K's read of it in S, K sees s > 0 and wakes
- * W; FUTEX_WAIT itself compares the word with `seen` under the futex lock,
- * so a wake that comes before W is queued makes the wait return at once.
- * Otherwise K's read of sleepers precedes W's increment, hence K's doorbell
- * increment precedes W's read of the doorbell, and W sees d != seen and does
- * not sleep.  Either way no wake-up is lost.  If K rang before W read
- * `seen`, W's acquire load of the bumped value makes K's ring update (made
- * before the bell with release semantics, carried by the RMW) visible to
- * W's re-check.
+ * Both sides "write one word, then read the other": store->load orders,
+ * which only seq_cst fences give.  The two fences are in one total order S.
+ * If W's fence comes first, K's load sees W's increment (or a later value),
+ * so K rings; FUTEX_WAIT compares the word with `seen` under the futex lock,
+ * so a ring after W read `seen` makes the wait return at once or wakes it,
+ * and a ring before that carried K's publication to W's re-check (the
+ * increment releases, W's load of it acquires).  If K's fence comes first,
+ * W's re-check, after W's fence, sees K's publication and W does not sleep.
+ * Either way no wake-up is lost.
+ *
+ * The point of announcing first and re-checking after: a rank that rings a
+ * peer nobody sleeps on writes nothing the peer's line holds (a fence and a
+ * load of a word that stays in its cache), where an unconditional increment
+ * pulled the line over on every message and every consumed byte (the
+ * barrier of 2 ranks: 0.43 -> 0.37 us).  A waiter announces itself only when
+ * it is about to sleep (the engine's spin ran out), so the hot path never
+ * writes the bell at all.
  *
  * The futex is not FUTEX_PRIVATE: the word lives in a MAP_SHARED file
  * mapping used by several processes, and the kernel must key it by inode and
@@ -476,18 +481,27 @@ static long futex_call(uint32_t *word, int op, uint32_t val, const struct timesp
 void dshim_shm_doorbell_ring(dshim_shm_seg_t *seg)
 {
     shm_bell_t *bell = seg_bell(seg);
-    __atomic_fetch_add(&bell->doorbell, 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(&bell->sleepers, __ATOMIC_SEQ_CST) > 0) {
+        __atomic_fetch_add(&bell->doorbell, 1, __ATOMIC_SEQ_CST);
         futex_call(&bell->doorbell, FUTEX_WAKE, INT_MAX, NULL);
     }
 }
 
-uint32_t dshim_shm_doorbell_read(dshim_shm_seg_t *seg)
+uint32_t dshim_shm_doorbell_arm(dshim_shm_seg_t *seg)
 {
-    return __atomic_load_n(&seg_bell(seg)->doorbell, __ATOMIC_ACQUIRE);
+    shm_bell_t *bell = seg_bell(seg);
+    __atomic_fetch_add(&bell->sleepers, 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return __atomic_load_n(&bell->doorbell, __ATOMIC_SEQ_CST);
 }
 
-/* timeout_us < 0 sleeps until woken; 0 returns at once. */
+void dshim_shm_doorbell_disarm(dshim_shm_seg_t *seg)
+{
+    __atomic_fetch_sub(&seg_bell(seg)->sleepers, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Between arm and disarm.  timeout_us < 0 sleeps until woken; 0 returns at once. */
 dshim_status_t dshim_shm_doorbell_wait(dshim_shm_seg_t *seg, uint32_t seen, long timeout_us)
 {
     shm_bell_t *bell = seg_bell(seg);
@@ -503,7 +517,6 @@ dshim_status_t dshim_shm_doorbell_wait(dshim_shm_seg_t *seg, uint32_t seen, long
         ts.tv_nsec = (timeout_us % 1000000) * 1000;
         tsp = &ts;
     }
-    __atomic_fetch_add(&bell->sleepers, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&bell->doorbell, __ATOMIC_SEQ_CST) == seen) {
         /* Relative timeout (FUTEX_WAIT); EAGAIN = the bell rang in between,
          * ETIMEDOUT and EINTR are ordinary returns: the caller re-checks. */
@@ -513,6 +526,5 @@ dshim_status_t dshim_shm_doorbell_wait(dshim_shm_seg_t *seg, uint32_t seen, long
                              strerror(errno));
         }
     }
-    __atomic_fetch_sub(&bell->sleepers, 1, __ATOMIC_SEQ_CST);
     return st;
 }

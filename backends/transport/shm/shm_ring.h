@@ -8,10 +8,12 @@
  *
  * Doorbell: whenever a rank makes progress that another rank may be waiting
  * for (data written into the peer's ring, or space freed in a ring the peer
- * writes to), it increments that peer's doorbell and futex-wakes it if the
- * peer announced it is sleeping.  A waiter reads its doorbell, re-checks its
- * conditions, then sleeps on the doorbell value it read: no lost wake-ups,
- * and no system call at all on the hot path while nobody sleeps.
+ * writes to), it rings that peer's doorbell: if the peer announced that it
+ * is about to sleep, the bell is incremented and the peer futex-woken;
+ * otherwise nothing is written.  A waiter announces itself (arm, which also
+ * reads the bell), re-checks its conditions, sleeps on the value it read,
+ * then withdraws (disarm): no lost wake-ups, and neither a system call nor
+ * a write to a shared line on the hot path while nobody sleeps.
  */
 #ifndef DSHIM_SHM_RING_H
 #define DSHIM_SHM_RING_H
@@ -48,8 +50,12 @@ void dshim_shm_seg_detach(dshim_shm_seg_t *seg);
 dshim_status_t dshim_shm_conn_create(dshim_shm_seg_t *my_inbox, dshim_shm_seg_t *peer_inbox,
                                      int my_rank, int peer_rank, int control_fd, dshim_conn_t **conn_p);
 
-/* Doorbell of a segment (use it on my_inbox). */
-uint32_t dshim_shm_doorbell_read(dshim_shm_seg_t *seg);
+/* Doorbell of a segment (use them on my_inbox).  arm announces a sleeper
+ * and returns the bell's value; the caller then re-checks its conditions and
+ * either waits with that value or not, and disarms in both cases.  A ring
+ * after arm is never lost; one before it is seen by the re-check. */
+uint32_t dshim_shm_doorbell_arm(dshim_shm_seg_t *seg);
+void dshim_shm_doorbell_disarm(dshim_shm_seg_t *seg);
 /* Sleeps while the doorbell still equals `seen`, at most timeout_us.
  * Returns DSHIM_OK on wake/timeout alike (callers re-check their state). */
 dshim_status_t dshim_shm_doorbell_wait(dshim_shm_seg_t *seg, uint32_t seen, long timeout_us);
