@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "dshim.h"
@@ -25,12 +26,14 @@
 typedef struct options {
     int big;
     int hosts; /* > 0: pretend the ranks live on this many hosts (rank % hosts) */
+    char mark_dir[64]; /* made and removed by main: the ranks' arrival marks */
 } options_t;
 
 typedef struct suite {
     int big;
     int passed, failed;
     int rank, size;
+    const char *mark_dir;
     dshim_comm_t *comm;
     const dshim_reduce_ops_t *ref;
 } suite_t;
@@ -343,6 +346,38 @@ static void test_data_movement(suite_t *s, dshim_dtype_t d, size_t count, int se
     free(mine);
 }
 
+/* A barrier lets no rank out before every rank is in: each rank leaves a
+ * mark in the job's directory before it (the last rank 0.1 s late), and
+ * after it every mark must be there. */
+static void test_barrier_waits(suite_t *s)
+{
+    const char *dir = s->mark_dir;
+    char path[128];
+    if (s->rank == s->size - 1) {
+        usleep(100000);
+    }
+    snprintf(path, sizeof(path), "%s/%d", dir, s->rank);
+    FILE *f = fopen(path, "w");
+    int ok = f != NULL;
+    if (f) {
+        fclose(f);
+    }
+    dshim_status_t st = dshim_barrier(s->comm);
+    ok &= st == DSHIM_OK;
+    int missing = -1;
+    for (int r = 0; r < s->size && missing < 0; r++) {
+        snprintf(path, sizeof(path), "%s/%d", dir, r);
+        if (access(path, F_OK) != 0) {
+            missing = r;
+        }
+    }
+    if (missing >= 0) {
+        fprintf(stderr, "FAIL rank %d: left the barrier before rank %d arrived\n", s->rank, missing);
+        ok = 0;
+    }
+    report(s, ok, "barrier waits for every rank", DSHIM_UINT64, DSHIM_MAX, 1, st);
+}
+
 static void test_split_and_barrier(suite_t *s)
 {
     dshim_status_t st = dshim_barrier(s->comm);
@@ -388,6 +423,7 @@ static int body(int rank, int size, int port, void *arg)
     }
     s.rank = rank;
     s.size = size;
+    s.mark_dir = opt->mark_dir;
     s.ref = dshim_reduce_cpu_ops("scalar");
     if (test_comm_init(rank, size, port, &s.comm) != 0) {
         return 2;
@@ -410,6 +446,7 @@ static int body(int rank, int size, int port, void *arg)
         test_data_movement(&s, DSHIM_FLOAT32, (16u << 20) / sizeof(float) / (size_t)size, 6);
     }
     test_split_and_barrier(&s);
+    test_barrier_waits(&s);
     dshim_stats_t stats;
     dshim_comm_stats(s.comm, &stats);
     if (size > 1 && stats.bytes_sent == 0) {
@@ -438,7 +475,7 @@ int main(int argc, char **argv)
         return 2;
     }
     int n = atoi(argv[1]);
-    options_t opt = {0, 0};
+    options_t opt = {0, 0, "/tmp/dshim-conformance.XXXXXX"};
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--big")) {
             opt.big = 1;
@@ -457,8 +494,18 @@ int main(int argc, char **argv)
     snprintf(chunk, sizeof(chunk), "DSHIM_CHUNK_SIZE=%d", CHUNK);
     snprintf(small, sizeof(small), "DSHIM_SMALL_MSG_SIZE=%d", SMALL);
     const char *env[] = {chunk, small, "DSHIM_SHM_RING_SIZE=65536", NULL};
+    if (mkdtemp(opt.mark_dir) == NULL) {
+        perror("conformance: mkdtemp");
+        return 2;
+    }
     test_rank_result_t *res = calloc((size_t)n, sizeof(*res));
     int rc = test_run_ranks(n, body, &opt, env, 1200.0, res);
+    for (int r = 0; r < n; r++) {
+        char mark[128];
+        snprintf(mark, sizeof(mark), "%s/%d", opt.mark_dir, r);
+        unlink(mark);
+    }
+    rmdir(opt.mark_dir);
     int failed = rc != 0;
     for (int r = 0; r < n; r++) {
         if (res[r].err[0]) {
