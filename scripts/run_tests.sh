@@ -14,7 +14,11 @@ stage() { echo; echo "=================== $* ==================="; }
 # shared default (/tmp/dshim-trace-<uid>); tests that read dumps set their own.
 DSHIM_TRACE_DIR=$(mktemp -d /tmp/dshim-test-trace.XXXXXX)
 export DSHIM_TRACE_DIR
-trap 'rm -rf "$DSHIM_TRACE_DIR"' EXIT
+# valgrind's logs, and the directory its dshim-run jobs run in (a failed job leaves its
+# dshim-trace-<job> there)
+SCRATCH=$(mktemp -d /tmp/dshim-test-scratch.XXXXXX)
+trap 'rm -rf "$DSHIM_TRACE_DIR" "$SCRATCH"' EXIT
+VG_LOG=$SCRATCH/valgrind.log
 
 # Without the CUDA kernels: nvcc's device code is not instrumented, no test
 # here has a GPU to run it, and its three architectures were minutes of each build.
@@ -59,34 +63,34 @@ vg_pass=0
 for t in "$BUILD"/bin/check_*; do
     case $(basename "$t") in check_failure|check_crash) continue ;; esac
     CK_FORK=no valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
-        "$t" >/tmp/dshim-vg.log 2>&1
+        "$t" > "$VG_LOG" 2>&1
     rc=$?
     if [ $rc = 0 ]; then
         vg_pass=$((vg_pass + 1))
     elif [ $rc = 77 ]; then
-        echo "valgrind: $(basename "$t") skipped ($(head -1 /tmp/dshim-vg.log))"
+        echo "valgrind: $(basename "$t") skipped ($(head -1 "$VG_LOG"))"
     else
-        echo "valgrind: $(basename "$t") failed:"; tail -30 /tmp/dshim-vg.log; vg_fail=$((vg_fail + 1))
+        echo "valgrind: $(basename "$t") failed:"; tail -30 "$VG_LOG"; vg_fail=$((vg_fail + 1))
     fi
 done
 if DSHIM_TRANSPORT=shm valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
-        "$BUILD"/bin/conformance 2 >/tmp/dshim-vg.log 2>&1; then
+        "$BUILD"/bin/conformance 2 > "$VG_LOG" 2>&1; then
     vg_pass=$((vg_pass + 1))
 else
-    echo "valgrind: conformance 2 failed:"; tail -30 /tmp/dshim-vg.log; vg_fail=$((vg_fail + 1))
+    echo "valgrind: conformance 2 failed:"; tail -30 "$VG_LOG"; vg_fail=$((vg_fail + 1))
 fi
 # dshim-run's controller and agents (the launched programs are not traced):
 # a clean job, and a failing one with a restart (exit code 3 is the job's).
 vg_run() {
     local want=$1; shift
-    (cd /tmp && valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+    (cd "$SCRATCH" && valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
         --trace-children=yes --trace-children-skip='/usr/bin/*,/bin/*' \
-        "$OLDPWD/$BUILD"/bin/dshim-run --master-port 0 --no-python "$@") >/tmp/dshim-vg.log 2>&1
+        "$OLDPWD/$BUILD"/bin/dshim-run --master-port 0 --no-python "$@") > "$VG_LOG" 2>&1
     local rc=$?
-    if [ $rc = "$want" ] && ! grep -q '==[0-9]*==' /tmp/dshim-vg.log; then
+    if [ $rc = "$want" ] && ! grep -q '==[0-9]*==' "$VG_LOG"; then
         vg_pass=$((vg_pass + 1))
     else
-        echo "valgrind: dshim-run $* failed (exit $rc, wanted $want):"; tail -30 /tmp/dshim-vg.log
+        echo "valgrind: dshim-run $* failed (exit $rc, wanted $want):"; tail -30 "$VG_LOG"
         vg_fail=$((vg_fail + 1))
     fi
 }

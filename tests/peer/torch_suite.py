@@ -206,8 +206,11 @@ def runner_env(args, work):
            if not k.startswith(_DROP_PREFIXES) and k not in _DROP_EXACT}
     (work / "tmp" / "barrier").mkdir(parents=True)
     (work / "probe").mkdir()
+    (work / "trace").mkdir()
+    # the flight-recorder dumps of the tests that time out on purpose go with the work directory
+    # (removed after a clean run), not into the user's default /tmp/dshim-trace-<uid>
     env.update(BACKEND="gloo", WORLD_SIZE=str(args.world_size), TEMP_DIR=str(work / "tmp"),
-               PEER_PROBE_DIR=str(work / "probe"), PYTHONUNBUFFERED="1")
+               PEER_PROBE_DIR=str(work / "probe"), DSHIM_TRACE_DIR=str(work / "trace"), PYTHONUNBUFFERED="1")
     if args.init == "file":
         env["INIT_METHOD"] = f"file://{work / 'tmp' / 'init'}"
     env.update(e.split("=", 1) for e in args.env)
