@@ -189,8 +189,9 @@ typedef struct dshim_wait_set {
 /* Records t (with its per-communicator state) when it has a wake-up of its own. */
 void dshim_waiter_add(dshim_waiter_t *w, const dshim_transport_t *t, void *state);
 
-/* Announces this thread as about to sleep (once until disarmed). */
-void dshim_waiter_arm(dshim_waiter_t *w);
+/* Announces this thread as about to sleep (once until disarmed); non-zero
+ * when it armed now, 0 when it already was or has no wake-up to arm. */
+int dshim_waiter_arm(dshim_waiter_t *w);
 /* Withdraws the announcement; nothing when not armed. */
 static inline void dshim_waiter_disarm(dshim_waiter_t *w)
 {

@@ -34,14 +34,16 @@ void dshim_waiter_add(dshim_waiter_t *w, const dshim_transport_t *t, void *state
     w->n++;
 }
 
-void dshim_waiter_arm(dshim_waiter_t *w)
+int dshim_waiter_arm(dshim_waiter_t *w)
 {
-    if (!w->is_armed) {
-        for (int i = 0; i < w->n; i++) {
-            w->armed[i] = w->transport[i]->wait_arm(w->state[i]);
-        }
-        w->is_armed = 1;
+    if (w->is_armed || w->n == 0) {
+        return 0;
     }
+    for (int i = 0; i < w->n; i++) {
+        w->armed[i] = w->transport[i]->wait_arm(w->state[i]);
+    }
+    w->is_armed = 1;
+    return 1;
 }
 
 void dshim_wait_set_init(dshim_wait_set_t *ws)

@@ -1036,10 +1036,9 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
             }
             continue;
         }
-        if (!comm->waiter.is_armed && comm->waiter.n > 0) {
-            /* about to sleep: announce it, then look once more, so that a
+        if (dshim_waiter_arm(&comm->waiter)) {
+            /* about to sleep: announced, now look once more, so that a
              * peer's progress after this look wakes us (transport.h) */
-            dshim_waiter_arm(&comm->waiter);
             continue;
         }
         double waited = now - last_progress;
