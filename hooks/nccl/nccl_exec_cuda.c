@@ -6,17 +6,30 @@
  * the caller's thread enqueues, in S's order:
  *   1. device -> pinned staging copies of the inputs (and of a PreMulSum
  *      scalar that lives on the device);
- *   2. event `ready`;
+ *   2. the batch's mark: the stream writes its sequence number into the
+ *      communicator's `reached` word (pinned, device-mapped) once the copies
+ *      are done: cuStreamWriteValue32, or a host function that stores it;
  *   3. a wait until the communicator's flag (pinned, device-mapped) reaches
- *      the batch's sequence number: cuStreamWaitValue32, or where the driver
- *      lacks it a host function that waits for the flag;
+ *      the batch's sequence number: cuStreamWaitValue32, or a host function
+ *      that waits for the flag;
  *   4. staging -> device copies of the outputs; event `done`.
- * and hands the batch to the communicator's proxy thread, which waits for
- * `ready`, runs the ops on the staging buffers with the host executor
- * (dshim's engine, CPU reduction), then writes the flag: the stream moves
- * on.  Batches run in call order on every rank, as dshim requires.  Abort
- * writes every pending flag, so no stream waits forever on a dead peer;
- * the failure is reported by ncclCommGetAsyncError.
+ * and hands the batch to the communicator's proxy thread, which waits until
+ * `reached` says the stream got to the mark, runs the ops on the staging
+ * buffers with the host executor (dshim's engine, CPU reduction), then
+ * writes the flag: the stream moves on.  Batches run in call order on every
+ * rank, as dshim requires.  Abort writes every pending flag, so no stream
+ * waits forever on a dead peer; the failure is reported by
+ * ncclCommGetAsyncError.
+ *
+ * The proxy makes no CUDA call at all: it reads and writes pinned memory.
+ * A CUDA call there can wait for a driver lock that the application's thread
+ * holds while it blocks in a synchronous copy -- a copy queued behind this
+ * stream's wait for the flag, which only the proxy writes.  That was the
+ * stream-ordered IPC hang in DDP's constructor (H200, 2026-11-26: after
+ * `_verify_param_shape_across_processes`'s broadcast, torch's blocking
+ * `control.copy_()` on the main thread, the proxy asleep inside CUDA, the
+ * next barrier never taken).  So events are queried, destroyed and staging
+ * given back (reap) on the application's thread, at its next call.
  *
  * Other streams of the same batch are joined to S with events at both ends.
  * Staging blocks come from a pinned pool of shim/gpu (gpu_staging.h), one
@@ -54,8 +67,9 @@ typedef struct cuda_task {
     dshim_nccl_op_t *ops;       /* the batch, buffers replaced by host-addressable ones */
     dshim_gpu_block_t **blocks; /* staging to give back once `done` fired */
     int nblocks;
-    dshim_gpu_event_t ready, done;
+    dshim_gpu_event_t done;
     uint32_t seq;
+    int marked;                 /* the proxy waits for the stream's mark (0: a barrier after no new work) */
     int enqueued;               /* the caller queued all its stream work (`done` recorded) */
     int barrier;                /* no ops: a barrier of the ranks, for nccl_ipc.c */
     const char *call;           /* a barrier's NCCL call (static), for its flight-recorder label */
@@ -71,9 +85,15 @@ typedef struct dshim_nccl_cuda_state {
     int stop, aborting;
     pthread_t proxy;
     int proxy_started;
-    volatile uint32_t *flag;    /* pinned, mapped */
+    volatile uint32_t *flag;    /* pinned, mapped: written by the proxy, waited for by streams */
     void *flag_dev;
+    volatile uint32_t *reached; /* the same allocation: written by streams (marks), read by the proxy */
+    void *reached_dev;
     uint32_t next_seq, completed;
+    int memops;                 /* streams wait and mark with memory ops, else host functions */
+    cudaStream_t mark_stream;   /* the stream of the last mark (valid once marked_any) */
+    int marked_any;
+    dshim_gpu_event_t mark_join; /* orders marks across streams (created at the first switch) */
     /* Taken by the application's thread (stage_op) only, given back by any:
      * the pool frees blocks above its cap only in get, never in put.
      * cudaFreeHost waits for the device, and the device may be waiting, in
@@ -81,7 +101,6 @@ typedef struct dshim_nccl_cuda_state {
      * there deadlocked a 256 MiB sweep.  On the application's thread the
      * wait only stalls: queued work finishes without it. */
     dshim_gpu_pool_t *staging;
-    int hostfn_wait;            /* streams wait in host functions (DSHIM_NCCL_STREAM_WAIT) */
     dshim_nccl_ipc_t *ipc;      /* CUDA IPC among the ranks of this host */
     int ipc_state;              /* 0 not tried yet, 1 ready, -1 unavailable (every rank agrees) */
 } cuda_state_t;
@@ -106,9 +125,6 @@ static void task_free(cuda_state_t *s, cuda_task_t *t)
 {
     for (int i = 0; i < t->nblocks; i++) {
         dshim_gpu_pool_put(s->staging, t->blocks[i]);
-    }
-    if (t->ready) {
-        s->api->EventDestroy(t->ready);
     }
     if (t->done) {
         s->api->EventDestroy(t->done);
@@ -187,16 +203,18 @@ static void release_stream(cuda_state_t *s, uint32_t seq)
 static void run_task(cuda_state_t *s, cuda_task_t *t)
 {
     long backoff = 1;
-    dshim_gpu_err_t e = DSHIM_GPU_SUCCESS;
     double t0 = dshim_now(), said = t0;
-    while (t->ready && (e = s->api->EventQuery(t->ready)) == DSHIM_GPU_NOT_READY) {
+    DSHIM_TRACE("proxy: task %u (%s): waiting for its stream%s", t->seq, t->barrier ? "barrier" : "staged batch",
+                t->marked ? "" : " (no mark: nothing queued since the last one)");
+    /* plain memory, no CUDA call (see the top of this file) */
+    while (t->marked && (int32_t)(__atomic_load_n(s->reached, __ATOMIC_ACQUIRE) - t->seq) < 0) {
         if (__atomic_load_n(&s->aborting, __ATOMIC_ACQUIRE)) {
             return;
         }
-        sleep_us(backoff);  /* polled, not cudaEventSynchronize: an abort must stop the wait */
+        sleep_us(backoff);  /* polled: an abort must stop the wait */
         backoff = backoff < 100 ? backoff * 2 : 100;
-        /* a stream that never gets here is a hang in the making: say so (the
-         * queries keep returning, so it is the GPU that does not move on) */
+        /* a stream that never gets here is a hang in the making (or a
+         * context a CUDA error ended: the application's own CUDA calls fail) */
         if (dshim_now() - said > 30) {
             said = dshim_now();
             DSHIM_WARN("rank %d: task %u (%s): its stream has not reached it after %.0f s", s->comm->rank, t->seq,
@@ -204,13 +222,6 @@ static void run_task(cuda_state_t *s, cuda_task_t *t)
         }
     }
     dshim_comm_t *dc = s->comm->dc;
-    if (e != DSHIM_GPU_SUCCESS) {
-        char msg[256];
-        snprintf(msg, sizeof(msg), "rank %d: waiting for the input copies failed: %s", dshim_comm_rank(dc),
-                 dshim_gpu_error_text(s->api, e));
-        dshim_hook_fail(dc, DSHIM_ERR_SYSTEM, msg);
-        return;
-    }
     if (__atomic_load_n(&s->aborting, __ATOMIC_ACQUIRE)) {
         return;
     }
@@ -237,26 +248,11 @@ static void run_task(cuda_state_t *s, cuda_task_t *t)
 static void *proxy_main(void *arg)
 {
     cuda_state_t *s = arg;
-    dshim_log_set_rank(s->comm->rank);
-    if (s->api->SetDevice(s->comm->cuda_dev) != DSHIM_GPU_SUCCESS) {
-        s->api->GetLastError();
-    }
+    dshim_log_set_rank(s->comm->rank);  /* no cudaSetDevice: this thread makes no CUDA call */
     pthread_mutex_lock(&s->lock);
     while (1) {
         while (!s->head && !s->stop) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 5000000;  /* wake now and then to reap staging */
-            if (ts.tv_nsec >= 1000000000) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000;
-            }
-            pthread_cond_timedwait(&s->cond, &s->lock, &ts);
-            if (s->retired && !s->head) {
-                pthread_mutex_unlock(&s->lock);
-                reap(s, 0);
-                pthread_mutex_lock(&s->lock);
-            }
+            pthread_cond_wait(&s->cond, &s->lock);
         }
         if (!s->head) {
             break;  /* stopping, nothing left */
@@ -271,11 +267,8 @@ static void *proxy_main(void *arg)
         release_stream(s, t->seq);
         DSHIM_TRACE("proxy: task %u done, stream released", t->seq);
         pthread_mutex_lock(&s->lock);
-        t->next = s->retired;
+        t->next = s->retired;  /* reaped by the application's thread */
         s->retired = t;
-        pthread_mutex_unlock(&s->lock);
-        reap(s, 0);
-        pthread_mutex_lock(&s->lock);
     }
     pthread_mutex_unlock(&s->lock);
     return NULL;
@@ -287,6 +280,14 @@ typedef struct host_wait {
     cuda_state_t *s;
     uint32_t seq;
 } host_wait_t;
+
+/* Fallback mark: a host function that stores the sequence number. */
+static void host_mark_fn(void *arg)
+{
+    host_wait_t *w = arg;
+    __atomic_store_n(w->s->reached, w->seq, __ATOMIC_RELEASE);
+    free(w);
+}
 
 static void host_wait_fn(void *arg)
 {
@@ -318,7 +319,7 @@ static ncclResult_t state_get(struct ncclComm *comm, cuda_state_t **s_p)
     }
     s->api = api;
     s->comm = comm;
-    s->hostfn_wait = strcasecmp(how, "hostfn") == 0;
+    s->memops = api->StreamWaitValue32 && api->StreamWriteValue32 && strcasecmp(how, "hostfn") != 0;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     void *flag = NULL;
@@ -337,6 +338,9 @@ static ncclResult_t state_get(struct ncclComm *comm, cuda_state_t **s_p)
     }
     s->flag = flag;
     *s->flag = 0;
+    s->reached = (volatile uint32_t *)((char *)flag + 32);
+    s->reached_dev = (char *)s->flag_dev + 32;
+    *s->reached = 0;
     if (pthread_create(&s->proxy, NULL, proxy_main, s) != 0) {
         api->FreeHost(flag);
         dshim_gpu_pool_destroy(s->staging);
@@ -423,7 +427,7 @@ static ncclResult_t stream_wait_flag(cuda_state_t *s, cudaStream_t stream, uint3
 {
     const dshim_gpu_runtime_t *a = s->api;
     dshim_gpu_err_t e;
-    if (a->StreamWaitValue32 && !s->hostfn_wait) {
+    if (s->memops) {
         int r = a->StreamWaitValue32((void *)stream, (unsigned long long)(uintptr_t)s->flag_dev, seq,
                                      0 /* CU_STREAM_WAIT_VALUE_GEQ, cyclic */);
         if (r != 0) {
@@ -442,6 +446,55 @@ static ncclResult_t stream_wait_flag(cuda_state_t *s, cudaStream_t stream, uint3
             return cuda_fail(s, e, "cudaLaunchHostFunc");
         }
     }
+    return ncclSuccess;
+}
+
+/* Queues on `stream` the mark of the task about to be handed over (it gets
+ * the next sequence number): once the work queued before it is done, the
+ * stream itself writes that number into `reached`, where the proxy reads it.
+ * Marks reach `reached` in sequence order: a mark on another stream than the
+ * previous one first waits for that stream's work so far (a group's or an
+ * application's second stream; one stream per communicator is the rule). */
+static ncclResult_t stream_mark(cuda_state_t *s, cudaStream_t stream)
+{
+    const dshim_gpu_runtime_t *a = s->api;
+    const uint32_t seq = s->next_seq + 1;  /* queue_task's: only this thread hands tasks over */
+    dshim_gpu_err_t e = DSHIM_GPU_SUCCESS;
+    if (s->marked_any && stream != s->mark_stream) {
+        if (!s->mark_join) {
+            e = a->EventCreateWithFlags(&s->mark_join, DSHIM_GPU_EVENT_DISABLE_TIMING);
+        }
+        if (e == DSHIM_GPU_SUCCESS) {
+            e = a->EventRecord(s->mark_join, s->mark_stream);
+        }
+        if (e == DSHIM_GPU_SUCCESS) {
+            e = a->StreamWaitEvent(stream, s->mark_join, 0);
+        }
+        if (e != DSHIM_GPU_SUCCESS) {
+            return cuda_fail(s, e, "ordering the stream marks of two streams");
+        }
+    }
+    if (s->memops) {
+        int r = a->StreamWriteValue32((void *)stream, (unsigned long long)(uintptr_t)s->reached_dev, seq,
+                                      0 /* CU_STREAM_WRITE_VALUE_DEFAULT: after a fence */);
+        if (r != 0) {
+            return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: cuStreamWriteValue32 "
+                                   "failed (CUresult %d)", s->comm->rank, r);
+        }
+    } else {
+        host_wait_t *w = malloc(sizeof(*w));
+        if (!w) {
+            return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
+        }
+        w->s = s;
+        w->seq = seq;
+        if ((e = a->LaunchHostFunc(stream, host_mark_fn, w)) != DSHIM_GPU_SUCCESS) {
+            free(w);
+            return cuda_fail(s, e, "cudaLaunchHostFunc");
+        }
+    }
+    s->mark_stream = stream;
+    s->marked_any = 1;
     return ncclSuccess;
 }
 
@@ -535,30 +588,23 @@ ncclResult_t dshim_nccl_cuda_stream_barrier(struct ncclComm *comm, cudaStream_t 
     }
     t->barrier = 1;
     t->call = call;
-    dshim_gpu_err_t e = DSHIM_GPU_SUCCESS;
-    if (new_work) {
-        /* without new work the proxy has nothing to wait for here: the
-         * previous barrier's event covered it (and an event right behind a
-         * stream wait is the pattern of the H100 hang, docs/nccl.md) */
-        e = s->api->EventCreateWithFlags(&t->ready, DSHIM_GPU_EVENT_DISABLE_TIMING);
-        if (e == DSHIM_GPU_SUCCESS) {
-            e = s->api->EventRecord(t->ready, stream);
-        }
-    }
-    if (e != DSHIM_GPU_SUCCESS) {
-        ncclResult_t res = cuda_fail(s, e, "cudaEventRecord (CUDA IPC barrier)");
-        task_free(s, t);
+    /* without new work the proxy has nothing to wait for here: the previous
+     * barrier's mark covered it */
+    t->marked = new_work;
+    ncclResult_t res = new_work ? stream_mark(s, stream) : ncclSuccess;
+    if (res != ncclSuccess) {
+        free(t);
         return res;
     }
     uint32_t seq = queue_task(s, t);
     DSHIM_TRACE("stream barrier %u queued on stream %p", seq, (void *)stream);
-    ncclResult_t res = stream_wait_flag(s, stream, seq);
+    res = stream_wait_flag(s, stream, seq);
     __atomic_store_n(&t->enqueued, 1, __ATOMIC_RELEASE);
     return res;
 }
 
 /* A staged batch, first half: copies of the inputs into pinned staging,
- * `ready`, and the hand-over to the proxy (*t_p, *seq_p).  The caller then
+ * the mark, and the hand-over to the proxy (*t_p, *seq_p).  The caller then
  * queues the second half, enqueue_after_proxy(), and sets t->enqueued.  On
  * an error nothing was handed over. */
 static ncclResult_t staged_begin(cuda_state_t *s, const dshim_nccl_op_t *ops, int n, cuda_task_t **t_p,
@@ -578,10 +624,8 @@ static ncclResult_t staged_begin(cuda_state_t *s, const dshim_nccl_op_t *ops, in
     }
     memcpy(t->ops, ops, (size_t)n * sizeof(*ops));
     t->n = n;
-    dshim_gpu_err_t e = a->EventCreateWithFlags(&t->ready, DSHIM_GPU_EVENT_DISABLE_TIMING);
-    if (e == DSHIM_GPU_SUCCESS) {
-        e = a->EventCreateWithFlags(&t->done, DSHIM_GPU_EVENT_DISABLE_TIMING);
-    }
+    t->marked = 1;
+    dshim_gpu_err_t e = a->EventCreateWithFlags(&t->done, DSHIM_GPU_EVENT_DISABLE_TIMING);
     if (e != DSHIM_GPU_SUCCESS) {
         res = cuda_fail(s, e, "cudaEventCreate");
         task_free(s, t);
@@ -601,8 +645,8 @@ static ncclResult_t staged_begin(cuda_state_t *s, const dshim_nccl_op_t *ops, in
     for (int i = 0; i < n && res == ncclSuccess; i++) {
         res = stage_op(s, t, i, stream);
     }
-    if (res == ncclSuccess && (e = a->EventRecord(t->ready, stream)) != DSHIM_GPU_SUCCESS) {
-        res = cuda_fail(s, e, "cudaEventRecord");
+    if (res == ncclSuccess) {
+        res = stream_mark(s, stream);
     }
     if (res != ncclSuccess) {
         /* nothing was handed to the proxy: copies already queued only fill
@@ -695,6 +739,7 @@ static ncclResult_t cuda_start(struct ncclComm *comm, dshim_nccl_op_t *ops, int 
     if (res != ncclSuccess) {
         return res;
     }
+    reap(s, 0);  /* on this thread, never the proxy's (see the top of this file) */
     const dshim_gpu_runtime_t *a = s->api;
     cudaStream_t stream = ops[0].stream;
     if (s->ipc_state == 0 && dshim_nccl_ipc_eligible(comm, ops, n)) {
@@ -785,6 +830,9 @@ static void cuda_destroy(struct ncclComm *comm)
         pthread_join(s->proxy, NULL);
     }
     reap(s, 1);
+    if (s->mark_join) {
+        s->api->EventDestroy(s->mark_join);
+    }
     dshim_nccl_ipc_free(s->ipc);
     dshim_gpu_pool_destroy(s->staging);
     s->api->FreeHost((void *)s->flag);

@@ -451,6 +451,9 @@ ncclResult_t dshim_nccl_ipc_enqueue(dshim_nccl_ipc_t *ipc, struct ncclComm *comm
                                "is too small for %d ranks; raise it or set DSHIM_NCCL_IPC=0", ipc->rank,
                                ipc->chunk, ipc->nranks);
     }
+    /* begin and end: a caller blocked inside a CUDA call while queueing
+     * shows as a begin without its end (the stream-ordered hang, nccl.md) */
+    DSHIM_TRACE("ipc %s: %zu elements in chunks of %zu, stream %p", o->call, o->count, per, (void *)stream);
     ncclResult_t res = ncclSuccess;
     int slot = 0;
     for (size_t off = 0; off < o->count && res == ncclSuccess; off += per, slot ^= 1) {
@@ -466,5 +469,6 @@ ncclResult_t dshim_nccl_ipc_enqueue(dshim_nccl_ipc_t *ipc, struct ncclComm *comm
     if (res == ncclSuccess) {
         res = barrier(&r);  /* nobody reads a slot any more */
     }
+    DSHIM_TRACE("ipc %s: queued (%d)", o->call, (int)res);
     return res;
 }

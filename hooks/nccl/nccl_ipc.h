@@ -29,7 +29,7 @@ const char *dshim_nccl_ipc_check_colls(const char *list);
 ncclResult_t dshim_nccl_ipc_setup(struct ncclComm *comm, const dshim_gpu_runtime_t *api, dshim_nccl_ipc_t **ipc_p,
                                   const char *call);
 /* The collective, chunk by chunk, on `stream`.  host_waits = 0: queued with
- * stream barriers between chunks, returns at once (DSHIM_NCCL_IPC_ASYNC=1);
+ * stream barriers between chunks, returns at once (DSHIM_NCCL_IPC_ASYNC=1, the default);
  * 1: the calling thread synchronises the stream and runs the barriers,
  * returning when the result is in place (no batch may be in flight). */
 ncclResult_t dshim_nccl_ipc_enqueue(dshim_nccl_ipc_t *ipc, struct ncclComm *comm, const struct dshim_nccl_op *op,

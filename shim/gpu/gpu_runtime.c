@@ -78,6 +78,10 @@ static int load(void *h)
         if (!table.StreamWaitValue32) {
             *(void **)&table.StreamWaitValue32 = dlsym(drv, "cuStreamWaitValue32");
         }
+        *(void **)&table.StreamWriteValue32 = dlsym(drv, "cuStreamWriteValue32_v2");
+        if (!table.StreamWriteValue32) {
+            *(void **)&table.StreamWriteValue32 = dlsym(drv, "cuStreamWriteValue32");
+        }
     }
     return 0;
 }
@@ -95,7 +99,7 @@ const dshim_gpu_runtime_t *dshim_gpu_runtime(void)
         void *h = runtime_handle();
         if (h && load(h) == 0) {
             DSHIM_INFO("using the process's CUDA runtime for device buffers (stream waits: %s)",
-                       table.StreamWaitValue32 ? "cuStreamWaitValue32" : "host function");
+                       table.StreamWaitValue32 && table.StreamWriteValue32 ? "cuStreamWaitValue32" : "host function");
             __atomic_store_n(&table_ptr, &table, __ATOMIC_RELEASE);
         }
     }

@@ -89,6 +89,10 @@ typedef struct dshim_gpu_runtime {
     /* driver: stream waits until *addr >= value (CU_STREAM_WAIT_VALUE_GEQ);
      * NULL when the driver lacks it (callers fall back to a host function) */
     int (*StreamWaitValue32)(void *stream, unsigned long long addr, uint32_t value, unsigned int flags);
+    /* driver: the stream writes value to *addr once its earlier work is done
+     * (CU_STREAM_WRITE_VALUE_DEFAULT: after a system-wide fence); NULL
+     * when the driver lacks it */
+    int (*StreamWriteValue32)(void *stream, unsigned long long addr, uint32_t value, unsigned int flags);
 } dshim_gpu_runtime_t;
 
 /* The table, or NULL when the process has no CUDA runtime loaded (looked
