@@ -176,9 +176,12 @@ def test_env_parity_with_torchrun_single_node(run, workdir, write_script, no_lef
     tdir.mkdir()
     ddir.mkdir()
     common = ["--nnodes", "1", "--nproc-per-node", "2", "--master-port", port, script]
-    rt = run(common + [tdir], exe=VENV_BIN / "torchrun", timeout=90)
+    # torchrun's agent leaves its /tmp/torchelastic_* directory behind: TMPDIR keeps it in workdir
+    # (the same value for both launchers, so the two environments still compare)
+    tmp = {"TMPDIR": str(workdir)}
+    rt = run(common + [tdir], exe=VENV_BIN / "torchrun", timeout=90, env=tmp)
     assert rt.rc == 0, describe(rt)
-    rd = run(common + [ddir])
+    rd = run(common + [ddir], env=tmp)
     assert rd.rc == 0, describe(rd)
     problems = []
     for r, (te, de) in enumerate(zip(load_envs(tdir, 2), load_envs(ddir, 2))):
@@ -192,6 +195,7 @@ def test_env_parity_with_torchrun_per_node(dshim_run, env, workdir, write_script
     """Two nodes started by hand on this machine: torchrun --node-rank 0/1 vs dshim-run --node-rank 0/1."""
     script = write_script("envdump.py", ENVDUMP_SCRIPT)
     port = free_port(consecutive=2)  # dshim-run's store goes on port+1 in this mode
+    env = dict(env, TMPDIR=str(workdir))  # torchrun's /tmp/torchelastic_* directories stay in workdir
     results = {}
     for name, exe in (("torchrun", VENV_BIN / "torchrun"), ("dshim", dshim_run)):
         d = workdir / name

@@ -22,8 +22,10 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
 def clean_env(extra=None):
+    # DSHIM_TRACE_DIR is the test run's, not the job's configuration: the flight-recorder dumps of
+    # the failure tests' killed roles go where scripts/run_tests.sh removes them, not into /tmp
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("DMLC_", "PS_", "DSHIM_", "MXNET_")) and k != "LD_PRELOAD"}
+           if (not k.startswith(("DMLC_", "PS_", "DSHIM_", "MXNET_")) or k == "DSHIM_TRACE_DIR") and k != "LD_PRELOAD"}
     env["OMP_NUM_THREADS"] = "1"
     env["MXNET_ENGINE_TYPE"] = env.get("MXNET_ENGINE_TYPE", "ThreadedEnginePerDevice")
     env.update(extra or {})
