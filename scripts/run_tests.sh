@@ -51,7 +51,7 @@ fi
 stage "TSan build (threaded core)"
 if build_variant build-tsan thread; then
     (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-        ctest --output-on-failure -j"$JOBS" -L 'unit|conformance|failure' -E 'np4|np5|np6|np8' --timeout 1500) ||
+        ctest --output-on-failure -j"$JOBS" -L 'unit|conformance|failure|tsan' -E 'np4|np5|np6|np8' --timeout 1500) ||
         failed+=("tsan")
 else
     echo "TSan build failed"; failed+=("tsan-build")

@@ -39,6 +39,7 @@ enum { OP_COPY, OP_RECORD, OP_WAIT_EVENT, OP_WAIT_VALUE, OP_WRITE_VALUE, OP_HOST
 typedef struct fake_event {
     uint64_t recorded;   /* records queued (caller) */
     uint64_t completed;  /* records a stream ran */
+    struct fake_event *next;  /* every event ever made: kept, never freed (see cudaEventDestroy) */
 } fake_event_t;
 
 typedef struct op {
@@ -73,6 +74,7 @@ static struct {
     int type;  /* 2 device, 1 pinned host */
 } ranges[MAX_RANGES];
 static int nranges;
+static fake_event_t *events;  /* under driver_lock */
 static fake_stream_t *legacy_stream;
 static __thread int allowed;  /* the test's threads and the streams' */
 static int foreign;
@@ -111,8 +113,8 @@ static void run_op(op_t *o)
         }
         break;
     case OP_WRITE_VALUE:
-        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* CU_STREAM_WRITE_VALUE_DEFAULT */
-        __atomic_store_n(o->addr, o->value, __ATOMIC_RELEASE);
+        /* CU_STREAM_WRITE_VALUE_DEFAULT: the stream's earlier writes first */
+        __atomic_store_n(o->addr, o->value, __ATOMIC_SEQ_CST);
         break;
     case OP_HOST_FN:
         o->fn(o->dst);
@@ -359,9 +361,14 @@ int cudaEventCreateWithFlags(void **ev, unsigned flags)
 {
     (void)flags;
     enter();
-    *ev = calloc(1, sizeof(fake_event_t));
+    fake_event_t *e = calloc(1, sizeof(fake_event_t));
+    if (e) {
+        e->next = events;
+        events = e;
+    }
+    *ev = e;
     leave();
-    return *ev ? 0 : 2;
+    return e ? 0 : 2;
 }
 
 int cudaEventRecord(void *ev, void *stream)

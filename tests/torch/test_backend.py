@@ -31,12 +31,14 @@ if not LIB.exists():
 
 # variables of an enclosing job (torchrun, mpirun, srun, dshim-run) would change what the ranks do
 _DROP_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "DSHIM_", "TORCHELASTIC_", "DMLC_")
+# the test run's flight-recorder dump directory (scripts/run_tests.sh removes it): not a job setting
+_KEEP = {"DSHIM_TRACE_DIR"}
 _DROP_EXACT = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                "MASTER_ADDR", "MASTER_PORT", "LD_PRELOAD", "TORCH_DISTRIBUTED_DEBUG"}
 
 
 def base_env():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_DROP_PREFIXES) and k not in _DROP_EXACT}
+    env = {k: v for k, v in os.environ.items() if (not k.startswith(_DROP_PREFIXES) or k in _KEEP) and k not in _DROP_EXACT}
     # this checkout's package, whether or not it is pip-installed into the venv
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + [p for p in [env.get("PYTHONPATH")] if p])
     env["PYTHONUNBUFFERED"] = "1"
