@@ -652,6 +652,17 @@ static dshim_status_t plan_transports(dshim_comm_t *comm)
         DSHIM_CHECK(pick_transport(comm, comm->transports_allowed, comm->transport_named, &pv, &i));
         comm->transports_used |= 1u << i;
     }
+    /* from the records, not from transports_used: a rank whose shm failed
+     * talks TCP to everyone while the others do not, and the allreduce
+     * choice that depends on this must be the same on every rank */
+    comm->sockets_only = 1;
+    for (int r = 0; r < comm->size; r++) {
+        for (int i = 0; i < dshim_transport_count(); i++) {
+            if (dshim_transport_at(i)->host_local && comm->peers[r].transport_addr[i][0]) {
+                comm->sockets_only = 0;
+            }
+        }
+    }
     for (int i = 0; i < dshim_transport_count(); i++) {
         if (comm->transports_used & (1u << i)) {
             dshim_waiter_add(&comm->waiter, dshim_transport_at(i), comm->transport_state[i]);

@@ -85,6 +85,8 @@ struct dshim_comm {
      * or unavailable) */
     void *transport_state[DSHIM_TRANSPORT_MAX];
     unsigned transports_used;      /* bit i: registry entry i carries (or will carry) a connection */
+    int sockets_only;              /* no rank published a host-local transport: every pair talks over
+                                    * sockets (the same on every rank: from the records alone) */
     char transport_desc[48];       /* "shm+tcp", "tcp", "self": the names of transports_used */
     unsigned transports_allowed;   /* DSHIM_TRANSPORT's registry entries (bit i = entry i) */
     int transport_named;           /* DSHIM_TRANSPORT named one transport (not auto) */
