@@ -209,8 +209,10 @@ def runner_env(args, work):
     (work / "trace").mkdir()
     # the flight-recorder dumps of the tests that time out on purpose go with the work directory
     # (removed after a clean run), not into the user's default /tmp/dshim-trace-<uid>
+    # TMPDIR: the FileStore files some tests make with tempfile (and never remove) stay in it too
     env.update(BACKEND="gloo", WORLD_SIZE=str(args.world_size), TEMP_DIR=str(work / "tmp"),
-               PEER_PROBE_DIR=str(work / "probe"), DSHIM_TRACE_DIR=str(work / "trace"), PYTHONUNBUFFERED="1")
+               TMPDIR=str(work / "tmp"), PEER_PROBE_DIR=str(work / "probe"), DSHIM_TRACE_DIR=str(work / "trace"),
+               PYTHONUNBUFFERED="1")
     if args.init == "file":
         env["INIT_METHOD"] = f"file://{work / 'tmp' / 'init'}"
     env.update(e.split("=", 1) for e in args.env)
