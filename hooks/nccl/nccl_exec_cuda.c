@@ -148,13 +148,13 @@ static void reap(cuda_state_t *s, int wait_all)
         dshim_gpu_err_t e = DSHIM_GPU_NOT_READY;
         /* the proxy may finish a task before its caller has queued the output
          * copies and recorded `done` (an event never recorded reads as
-         * complete): until the caller is through, the task is not ours */
-        while (!__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE) && wait_all) {
-            sleep_us(100);
-        }
-        if (__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE) && !t->done) {
+         * complete).  Reaping runs on the caller's thread between its calls,
+         * where every task is through; one that is not stays */
+        if (!__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE)) {
+            e = DSHIM_GPU_NOT_READY;
+        } else if (!t->done) {
             e = DSHIM_GPU_SUCCESS;  /* a barrier: no staging to wait for */
-        } else if (__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE)) {
+        } else {
             while ((e = s->api->EventQuery(t->done)) == DSHIM_GPU_NOT_READY && wait_all) {
                 sleep_us(100);
             }
@@ -274,14 +274,14 @@ static void *proxy_main(void *arg)
     return NULL;
 }
 
-/* Fallback stream wait: a host function that blocks the stream until the
- * proxy wrote the flag.  It occupies CUDA's callback thread meanwhile. */
+/* Fallbacks of the stream memory operations, host functions given a task's
+ * number: the wait blocks the stream until the proxy wrote the flag (it
+ * occupies CUDA's callback thread meanwhile), the mark stores the number. */
 typedef struct host_wait {
     cuda_state_t *s;
     uint32_t seq;
 } host_wait_t;
 
-/* Fallback mark: a host function that stores the sequence number. */
 static void host_mark_fn(void *arg)
 {
     host_wait_t *w = arg;
@@ -422,31 +422,41 @@ static ncclResult_t stage_op(cuda_state_t *s, cuda_task_t *t, int i, cudaStream_
     return ncclSuccess;
 }
 
+/* Queues on `stream`, for task `seq`, the wait for the flag (write = 0) or
+ * the mark in `reached` (write = 1): a stream memory operation, or its host
+ * function. */
+static ncclResult_t stream_value_op(cuda_state_t *s, cudaStream_t stream, int write, uint32_t seq)
+{
+    const dshim_gpu_runtime_t *a = s->api;
+    if (s->memops) {
+        int r = write ? a->StreamWriteValue32((void *)stream, (unsigned long long)(uintptr_t)s->reached_dev, seq,
+                                              0 /* CU_STREAM_WRITE_VALUE_DEFAULT: after a fence */)
+                      : a->StreamWaitValue32((void *)stream, (unsigned long long)(uintptr_t)s->flag_dev, seq,
+                                             0 /* CU_STREAM_WAIT_VALUE_GEQ, cyclic */);
+        if (r != 0) {
+            return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: cuStream%sValue32 "
+                                   "failed (CUresult %d)", s->comm->rank, write ? "Write" : "Wait", r);
+        }
+        return ncclSuccess;
+    }
+    host_wait_t *w = malloc(sizeof(*w));
+    if (!w) {
+        return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
+    }
+    w->s = s;
+    w->seq = seq;
+    dshim_gpu_err_t e = a->LaunchHostFunc(stream, write ? host_mark_fn : host_wait_fn, w);
+    if (e != DSHIM_GPU_SUCCESS) {
+        free(w);
+        return cuda_fail(s, e, "cudaLaunchHostFunc");
+    }
+    return ncclSuccess;
+}
+
 /* Parks `stream` until the proxy has finished task `seq`. */
 static ncclResult_t stream_wait_flag(cuda_state_t *s, cudaStream_t stream, uint32_t seq)
 {
-    const dshim_gpu_runtime_t *a = s->api;
-    dshim_gpu_err_t e;
-    if (s->memops) {
-        int r = a->StreamWaitValue32((void *)stream, (unsigned long long)(uintptr_t)s->flag_dev, seq,
-                                     0 /* CU_STREAM_WAIT_VALUE_GEQ, cyclic */);
-        if (r != 0) {
-            return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: cuStreamWaitValue32 "
-                                   "failed (CUresult %d)", s->comm->rank, r);
-        }
-    } else {
-        host_wait_t *w = malloc(sizeof(*w));
-        if (!w) {
-            return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
-        }
-        w->s = s;
-        w->seq = seq;
-        if ((e = a->LaunchHostFunc(stream, host_wait_fn, w)) != DSHIM_GPU_SUCCESS) {
-            free(w);
-            return cuda_fail(s, e, "cudaLaunchHostFunc");
-        }
-    }
-    return ncclSuccess;
+    return stream_value_op(s, stream, 0, seq);
 }
 
 /* Queues on `stream` the mark of the task about to be handed over (it gets
@@ -474,24 +484,9 @@ static ncclResult_t stream_mark(cuda_state_t *s, cudaStream_t stream)
             return cuda_fail(s, e, "ordering the stream marks of two streams");
         }
     }
-    if (s->memops) {
-        int r = a->StreamWriteValue32((void *)stream, (unsigned long long)(uintptr_t)s->reached_dev, seq,
-                                      0 /* CU_STREAM_WRITE_VALUE_DEFAULT: after a fence */);
-        if (r != 0) {
-            return dshim_nccl_fail(ncclUnhandledCudaError, "NCCL collective", "rank %d: cuStreamWriteValue32 "
-                                   "failed (CUresult %d)", s->comm->rank, r);
-        }
-    } else {
-        host_wait_t *w = malloc(sizeof(*w));
-        if (!w) {
-            return dshim_nccl_fail(ncclSystemError, "NCCL collective", "out of memory");
-        }
-        w->s = s;
-        w->seq = seq;
-        if ((e = a->LaunchHostFunc(stream, host_mark_fn, w)) != DSHIM_GPU_SUCCESS) {
-            free(w);
-            return cuda_fail(s, e, "cudaLaunchHostFunc");
-        }
+    ncclResult_t res = stream_value_op(s, stream, 1, seq);
+    if (res != ncclSuccess) {
+        return res;
     }
     s->mark_stream = stream;
     s->marked_any = 1;
