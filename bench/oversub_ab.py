@@ -7,46 +7,61 @@ settings and OpenMPI, interleaved in one run (issue 20; docs/benchmarks.md,
         --sizes 4K,64K,1M,16M --reps 5 \\
         --case "auto=" --case "no spin=DSHIM_SPIN_US=0" --case "ring=DSHIM_ALGO=ring" --mpi
 
-Each --case is "label=VAR=value[,VAR=value...]" (an empty list: dshim's
-defaults).  Every repetition runs every case once, in the order given, then
-OpenMPI (--mpi; `--mpi-args` adds MCA options, e.g. the single-copy mechanism),
-so slow drifts of a shared machine hit all of them alike.  Prints a markdown
-table: per size the median time over repetitions and, in brackets, the
-fastest repetition; the last column block is the ratio to OpenMPI's median
-(> 1: dshim faster).  Standard library only.
+    python3 bench/oversub_ab.py --build /tmp/base --np 2 --barrier --sizes 4K --reps 16 \
+        --case "base=" --case "new@/tmp/new=" --case "no recorder=DSHIM_TRACE_BUFFER=0" --mpi
+
+Each --case is "label[@BUILD]=VAR=value[,VAR=value...]" (an empty list: dshim's
+defaults; BUILD: another build directory than --build, to compare code).
+Every repetition runs every case once, in the order given (reversed every
+other repetition), then OpenMPI (--mpi; `--mpi-args` adds MCA options, e.g.
+the single-copy mechanism), so slow drifts of a shared machine hit all of
+them alike.  --barrier adds dshim_barrier / MPI_Barrier as a column.
+Prints markdown tables: per size the median time over repetitions and, in
+brackets, the fastest repetition; the ratio to OpenMPI's median (> 1: dshim
+faster); and each case's time over the first case's in the same repetition
+(paired: this machine's two vCPUs move between host cores, and a 2-rank
+latency doubles or halves with them for seconds at a time, so runs next to
+each other compare better than medians of separate runs).  Standard library
+only.
 """
 import argparse
+import json
 import os
-import re
 import statistics
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from run_bench import MPI_BTL, STRIP_ENV, STRIP_ENV_PREFIXES, fmt_size, parse_size  # noqa: E402
 
 
-def parse_case(text):
+BARRIER = 0  # the barrier's column key (0 bytes)
+
+
+def parse_case(text, default_build):
     label, _, env = text.partition("=")
+    label, _, build = label.partition("@")
     pairs = {}
     for kv in filter(None, env.split(",")):
         k, _, v = kv.partition("=")
         if not k.startswith("DSHIM_"):
             raise SystemExit(f"--case {text!r}: {k!r} is not a DSHIM_ variable")
         pairs[k] = v
-    return label, pairs
+    return label, build or default_build, pairs
 
 
-def rows_of(text, time_col):
+def rows_of(json_path):
+    """{bytes: time_us} from a dshim-bench / mpi_bench JSON Lines file (barrier: 0 bytes)."""
     out = {}
-    for line in text.splitlines():
-        f = line.split()
-        if len(f) > time_col and re.fullmatch(r"\d+", f[0]):
-            try:
-                out[int(f[0])] = float(f[time_col])
-            except ValueError:
-                pass
+    try:
+        with open(json_path) as f:
+            for line in f:
+                r = json.loads(line)
+                out[BARRIER if r.get("op") == "barrier" else int(r["bytes"])] = float(r["time_us"])
+    except (OSError, ValueError, KeyError):
+        pass
     return out
 
 
@@ -55,26 +70,31 @@ def clean_env():
     return {k: v for k, v in os.environ.items() if k not in STRIP_ENV and not k.startswith(STRIP_ENV_PREFIXES)}
 
 
-def run_dshim(a, env_extra, sizes):
+def run_dshim(a, build, env_extra, sizes):
     env = clean_env()
     env.update(OMP_NUM_THREADS="1", DSHIM_TRANSPORT=a.transport, **env_extra)
     if a.transport == "tcp":
         env.setdefault("DSHIM_SOCKET_IFNAME", "lo")
     got = {}
-    for s in sizes:  # one size per call: no geometric-step constraint on the sweep
-        cmd = [os.path.join(a.build, "bin", "dshim-bench"), "-n", str(a.np), "-b", str(s), "-e", str(s),
-               "-t", str(a.min_time)]
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
-        got.update(rows_of(p.stdout, 3))
+    with tempfile.TemporaryDirectory(prefix="oversub_ab.") as tmp:
+        for i, s in enumerate(x for x in sizes if x != BARRIER):  # one size per call: any sweep
+            path = os.path.join(tmp, f"{i}.jsonl")
+            cmd = [os.path.join(build, "bin", "dshim-bench"), "-n", str(a.np), "-b", str(s), "-e", str(s),
+                   "-t", str(a.min_time), "-j", path] + (["--barrier"] if a.barrier and i == 0 else [])
+            subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+            got.update(rows_of(path))
     return got
 
 
 def run_mpi(a, sizes):
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np)] + MPI_BTL[a.transport] + \
-        a.mpi_args.split() + [os.path.join(a.build, "bench", "mpi_bench"), "-T", a.transport,
-                              "-s", ",".join(map(str, sizes)), "-t", str(a.min_time)]
-    p = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=a.timeout)
-    return rows_of(p.stdout, 2)
+    with tempfile.TemporaryDirectory(prefix="oversub_ab.") as tmp:
+        path = os.path.join(tmp, "mpi.jsonl")
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(a.np)] + MPI_BTL[a.transport] + \
+            a.mpi_args.split() + [os.path.join(a.build, "bench", "mpi_bench"), "-T", a.transport,
+                                  "-s", ",".join(str(x) for x in sizes if x != BARRIER),
+                                  "-t", str(a.min_time), "-j", path] + (["-B"] if a.barrier else [])
+        subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=a.timeout)
+        return rows_of(path)
 
 
 def main(argv):
@@ -85,46 +105,72 @@ def main(argv):
     ap.add_argument("--sizes", default="4K,64K,1M,16M")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.3, help="seconds per size and run")
-    ap.add_argument("--case", action="append", default=[], help="label=DSHIM_X=v,DSHIM_Y=w")
+    ap.add_argument("--case", action="append", default=[], help="label[@BUILD]=DSHIM_X=v,DSHIM_Y=w")
+    ap.add_argument("--barrier", action="store_true", help="time the barrier too (a column before the sizes)")
     ap.add_argument("--mpi", action="store_true", help="OpenMPI too (the ratio column)")
     ap.add_argument("--mpi-args", default="", help="extra mpirun arguments, e.g. MCA options")
     ap.add_argument("--timeout", type=float, default=300)
     a = ap.parse_args(argv)
-    sizes = [parse_size(s) for s in a.sizes.split(",")]
-    cases = [parse_case(c) for c in a.case] or [("auto", {})]
+    sizes = ([BARRIER] if a.barrier else []) + [parse_size(s) for s in a.sizes.split(",") if s]
+    cases = [parse_case(c, a.build) for c in a.case] or [("auto", a.build, {})]
     names = [c[0] for c in cases] + (["OpenMPI"] if a.mpi else [])
     res = {n: {s: [] for s in sizes} for n in names}
+    # per repetition, {case: {size: time}}: the paired ratios
+    reps = []
     for rep in range(a.reps):
-        for label, env in cases:
-            for s, t in run_dshim(a, env, sizes).items():
+        this = {}
+        for label, build, env in (cases if rep % 2 == 0 else cases[::-1]):
+            this[label] = run_dshim(a, build, env, sizes)
+            for s, t in this[label].items():
                 res[label][s].append(t)
         if a.mpi:
             for s, t in run_mpi(a, sizes).items():
                 res["OpenMPI"][s].append(t)
+        reps.append(this)
         print(f"repetition {rep + 1}/{a.reps} done", file=sys.stderr)
+
+    def num(t):
+        return f"{t:.3f}" if t < 10 else f"{t:.1f}"
+
+    def col(s):
+        return "barrier" if s == BARRIER else fmt_size(s)
 
     def med(n, s):
         v = res[n][s]
         return statistics.median(v) if v else None
 
-    print(f"N={a.np}, {a.transport}, {a.reps} interleaved repetitions; time per allreduce in us, median "
+    print(f"N={a.np}, {a.transport}, {a.reps} interleaved repetitions; time per call in us, median "
           f"[fastest]" + ("; ratio = OpenMPI's median / this one's (> 1: faster than OpenMPI)" if a.mpi else ""))
     print()
-    head = "| setting | " + " | ".join(fmt_size(s) for s in sizes) + " |"
+    head = "| setting | " + " | ".join(col(s) for s in sizes) + " |"
     if a.mpi:
-        head += " " + " | ".join(f"ratio {fmt_size(s)}" for s in sizes) + " |"
+        head += " " + " | ".join(f"ratio {col(s)}" for s in sizes) + " |"
     print(head)
     print("|---|" + "---:|" * (len(sizes) * (2 if a.mpi else 1)))
     for n in names:
         cells = []
         for s in sizes:
             m = med(n, s)
-            cells.append("—" if m is None else f"{m:.1f} [{min(res[n][s]):.1f}]")
+            cells.append("—" if m is None else f"{num(m)} [{num(min(res[n][s]))}]")
         if a.mpi:
             for s in sizes:
                 m, ref = med(n, s), med("OpenMPI", s)
                 cells.append("—" if not m or not ref else f"{ref / m:.2f}")
         print(f"| {n} | " + " | ".join(cells) + " |")
+    if len(cases) > 1:
+        first = cases[0][0]
+        print()
+        print(f"Paired: time over {first}'s in the same repetition, median [min..max] (< 1: faster than {first})")
+        print()
+        print("| setting | " + " | ".join(col(s) for s in sizes) + " |")
+        print("|---|" + "---:|" * len(sizes))
+        for label, _, _ in cases[1:]:
+            cells = []
+            for s in sizes:
+                r = sorted(x[label][s] / x[first][s] for x in reps
+                           if s in x.get(label, {}) and x.get(first, {}).get(s))
+                cells.append("—" if not r else f"{statistics.median(r):.2f} [{r[0]:.2f}..{r[-1]:.2f}]")
+            print(f"| {label} | " + " | ".join(cells) + " |")
     return 0
 
 

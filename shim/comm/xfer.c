@@ -939,7 +939,9 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
     int watch_event = 0;  /* the last sleep watched comm->conn_event */
     DSHIM_CHECK(check_peers(comm, sig, ops, 0, n, &connecting));
     int any_connects = dshim_comm_connects_pending(comm, NULL, NULL) > 0;
-    double start = dshim_now(), last_progress = start;
+    /* when the op began to wait, and the last time data moved: read at the
+     * first idle loop, not here (most steps never wait) */
+    double start = 0, last_progress = 0;
     int announced = 0;
     int store_silent = 0; /* the store gave up on once in this wait: not asked again */
     const double stall_s = dshim_config()->stall_warn_s;
@@ -1022,14 +1024,34 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
             return comm->error;
         }
         /* nothing moved: spin a little (peers are usually microseconds away),
-         * then sleep until a connection may move */
+         * then sleep until a connection may move.  A rank with a core of its
+         * own reads the clock every 8th loop only: a read is ~25 ns, and the
+         * loop's length is how late the rank sees its peer's message (2-rank
+         * barrier 8 % faster; docs/benchmarks.md).  One that yields on every
+         * loop (more ranks than cores) reads it every time: next to a
+         * sched_yield it costs nothing, and its spin is measured closely. */
+        unsigned loop = idle_loops++;
+        /* yields: with more ranks than cores on every poll (the peer needs
+         * the core), else every 64th (a peer may share this core) */
+        const int yield = comm->spin_yields || (loop & 63) == 63;
+        if (loop > 0 && (loop & 7) != 0 && spin_s > 0 && !comm->spin_yields) {
+            if (yield) {
+                sched_yield();
+            } else {
+                __builtin_ia32_pause();
+            }
+            continue;
+        }
         double now = dshim_now();
-        if (idle_loops++ == 0) {
+        if (loop == 0) {
             last_progress = now;
             warn_after = stall_s;
+            if (start == 0) {
+                start = now;
+            }
         }
         if (now - last_progress < spin_s) {
-            if (comm->spin_yields || (idle_loops & 63) == 0) {
+            if (yield) {
                 sched_yield();
             } else {
                 __builtin_ia32_pause();
