@@ -150,11 +150,10 @@ static void reap(cuda_state_t *s, int wait_all)
          * copies and recorded `done` (an event never recorded reads as
          * complete).  Reaping runs on the caller's thread between its calls,
          * where every task is through; one that is not stays */
-        if (!__atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE)) {
-            e = DSHIM_GPU_NOT_READY;
-        } else if (!t->done) {
+        const int through = __atomic_load_n(&t->enqueued, __ATOMIC_ACQUIRE);
+        if (through && !t->done) {
             e = DSHIM_GPU_SUCCESS;  /* a barrier: no staging to wait for */
-        } else {
+        } else if (through) {
             while ((e = s->api->EventQuery(t->done)) == DSHIM_GPU_NOT_READY && wait_all) {
                 sleep_us(100);
             }

@@ -1031,18 +1031,8 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
          * loop (more ranks than cores) reads it every time: next to a
          * sched_yield it costs nothing, and its spin is measured closely. */
         unsigned loop = idle_loops++;
-        /* yields: with more ranks than cores on every poll (the peer needs
-         * the core), else every 64th (a peer may share this core) */
-        const int yield = comm->spin_yields || (loop & 63) == 63;
-        if (loop > 0 && (loop & 7) != 0 && spin_s > 0 && !comm->spin_yields) {
-            if (yield) {
-                sched_yield();
-            } else {
-                __builtin_ia32_pause();
-            }
-            continue;
-        }
-        double now = dshim_now();
+        const int clock_due = loop == 0 || (loop & 7) == 0 || spin_s <= 0 || comm->spin_yields;
+        double now = clock_due ? dshim_now() : 0;
         if (loop == 0) {
             last_progress = now;
             warn_after = stall_s;
@@ -1050,8 +1040,10 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
                 start = now;
             }
         }
-        if (now - last_progress < spin_s) {
-            if (yield) {
+        if (!clock_due || now - last_progress < spin_s) {
+            /* yields: with more ranks than cores on every poll (the peer
+             * needs the core), else every 64th (a peer may share this core) */
+            if (comm->spin_yields || (loop & 63) == 63) {
                 sched_yield();
             } else {
                 __builtin_ia32_pause();

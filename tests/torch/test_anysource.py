@@ -180,14 +180,13 @@ import pytest  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tests" / "common"))
 from ports import free_port  # noqa: E402
+from jobenv import job_free_env  # noqa: E402
 
 pytest.importorskip("torch")
 if not LIB.exists():
     pytest.skip(f"{LIB} not built (run make)", allow_module_level=True)
 
 _DROP_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "DSHIM_", "TORCHELASTIC_", "DMLC_")
-# the test run's flight-recorder dump directory (scripts/run_tests.sh removes it): not a job setting
-_KEEP = {"DSHIM_TRACE_DIR"}
 _DROP_EXACT = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                "LD_PRELOAD", "TORCH_DISTRIBUTED_DEBUG"}
 
@@ -196,7 +195,7 @@ def _launch(mode, scenario, n, extra_env=None, timeout=120):
     port = free_port()
     procs = []
     for r in range(n):
-        env = {k: v for k, v in os.environ.items() if (not k.startswith(_DROP_PREFIXES) or k in _KEEP) and k not in _DROP_EXACT}
+        env = job_free_env(_DROP_PREFIXES, _DROP_EXACT)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + [p for p in [env.get("PYTHONPATH")] if p])
         env.update(RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DSHIM_TIMEOUT="60")

@@ -18,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "common"))
 from ports import free_port  # noqa: E402  (tests/common, shared with the other suites)
+from jobenv import job_free_env  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -31,14 +32,12 @@ if not LIB.exists():
 
 # variables of an enclosing job (torchrun, mpirun, srun, dshim-run) would change what the ranks do
 _DROP_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "DSHIM_", "TORCHELASTIC_", "DMLC_")
-# the test run's flight-recorder dump directory (scripts/run_tests.sh removes it): not a job setting
-_KEEP = {"DSHIM_TRACE_DIR"}
 _DROP_EXACT = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                "MASTER_ADDR", "MASTER_PORT", "LD_PRELOAD", "TORCH_DISTRIBUTED_DEBUG"}
 
 
 def base_env():
-    env = {k: v for k, v in os.environ.items() if (not k.startswith(_DROP_PREFIXES) or k in _KEEP) and k not in _DROP_EXACT}
+    env = job_free_env(_DROP_PREFIXES, _DROP_EXACT)
     # this checkout's package, whether or not it is pip-installed into the venv
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + [p for p in [env.get("PYTHONPATH")] if p])
     env["PYTHONUNBUFFERED"] = "1"

@@ -35,6 +35,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "common"))
 from ports import free_port  # noqa: E402  (tests/common, shared with the other suites)
+from jobenv import job_free_env  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -52,8 +53,6 @@ if not LIB.exists() or not os.access(DSHIM_RUN, os.X_OK):
 MARKER_VAR = "DSHIM_TEST_MARKER"
 # variables of an enclosing job (torchrun, mpirun, srun, dshim-run) would change what the ranks do
 _DROP_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "OMPI_", "PMI_", "PMIX_", "DSHIM_", "TORCHELASTIC_", "DMLC_")
-# the test run's flight-recorder dump directory (scripts/run_tests.sh removes it): not a job setting
-_KEEP = {"DSHIM_TRACE_DIR"}
 _DROP_EXACT = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "LD_PRELOAD",
                "OMP_NUM_THREADS", "TORCH_DISTRIBUTED_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
@@ -122,7 +121,7 @@ def assert_no_leftovers(marker, within=3.0):
 
 
 def base_env(marker, extra=None):
-    env = {k: v for k, v in os.environ.items() if (not k.startswith(_DROP_PREFIXES) or k in _KEEP) and k not in _DROP_EXACT}
+    env = job_free_env(_DROP_PREFIXES, _DROP_EXACT)
     # python3 on PATH is this interpreter's (the venv: torch and the dshim package): dshim-run runs .py with it
     env["PATH"] = f"{PYTHON.parent}:{env.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + [p for p in [env.get("PYTHONPATH")] if p])

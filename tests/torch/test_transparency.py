@@ -21,6 +21,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "common"))
 from ports import free_port  # noqa: E402
+from jobenv import job_free_env  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -34,8 +35,6 @@ if not LIB.exists():
     pytest.skip(f"{LIB} not built (run make)", allow_module_level=True)
 
 _DROP_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "DSHIM_", "TORCHELASTIC_", "DMLC_")
-# the test run's flight-recorder dump directory (scripts/run_tests.sh removes it): not a job setting
-_KEEP = {"DSHIM_TRACE_DIR"}
 _DROP_EXACT = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                "MASTER_ADDR", "MASTER_PORT", "LD_PRELOAD", "TORCH_DISTRIBUTED_DEBUG"}
 
@@ -43,7 +42,7 @@ _DROP_EXACT = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RA
 def run(backend, scenario, preload, timeout=120, pg_timeout=60):
     """Runs N ranks; returns {rank: observed dict} (fails the test on a crash or hang)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if (not k.startswith(_DROP_PREFIXES) or k in _KEEP) and k not in _DROP_EXACT}
+    env = job_free_env(_DROP_PREFIXES, _DROP_EXACT)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + [p for p in [env.get("PYTHONPATH")] if p])
     env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port), WORLD_SIZE=str(N), TEST_PG_TIMEOUT=str(pg_timeout), DSHIM_TEST_LIB=str(LIB))
