@@ -37,12 +37,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (impl, transport) in the order they run inside one repetition.
 ORDER = [("dshim", "shm"), ("dshim", "tcp"), ("gloo", "tcp"),
-         ("openmpi", "shm"), ("openmpi", "tcp")]
+         ("openmpi", "shm"), ("openmpi", "tcp"), ("wire", "tcp")]
 IMPL_KEYS = {f"{i}-{t}": (i, t) for i, t in ORDER}
 IMPL_KEYS["gloo"] = ("gloo", "tcp")
 LABEL = {("dshim", "shm"): "dshim shm", ("dshim", "tcp"): "dshim tcp",
          ("gloo", "tcp"): "gloo (tcp)", ("openmpi", "shm"): "OpenMPI shm",
-         ("openmpi", "tcp"): "OpenMPI tcp"}
+         ("openmpi", "tcp"): "OpenMPI tcp", ("wire", "tcp"): "TCP wire (bound)"}
 MPI_BTL = {"shm": ["--mca", "pml", "ob1", "--mca", "btl", "vader,self"],
            "tcp": ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
                    "--mca", "btl_tcp_if_include", "lo"]}
@@ -267,8 +267,13 @@ class Bench:
         if ("gloo", "tcp") in wanted:
             self.avail[("gloo", "tcp")] = self.probe_gloo()
         if wanted & {("openmpi", "shm"), ("openmpi", "tcp")}:
-            why = self.build_mpi_bench()
+            mpicc = shutil.which("mpicc")
+            why = "mpicc/mpirun not on PATH (apt-get install libopenmpi-dev openmpi-bin)" \
+                if not mpicc or not shutil.which("mpirun") else self.build_c("mpi_bench", mpicc)
             self.avail[("openmpi", "shm")] = self.avail[("openmpi", "tcp")] = why
+        if ("wire", "tcp") in wanted:
+            cc = shutil.which("cc") or shutil.which("gcc")
+            self.avail[("wire", "tcp")] = "no C compiler (cc) on PATH" if not cc else self.build_c("tcp_wire", cc)
         for key in ORDER:
             if key not in wanted:
                 self.avail[key] = "not selected (--impls)"
@@ -291,23 +296,23 @@ class Bench:
         self.versions["torch"] = ver
         return None if ok == "True" else f"torch {ver} in {py} has no gloo backend"
 
-    def build_mpi_bench(self):
-        mpicc, mpirun = shutil.which("mpicc"), shutil.which("mpirun")
-        if not mpicc or not mpirun:
-            return "mpicc/mpirun not on PATH (apt-get install libopenmpi-dev openmpi-bin)"
-        src = os.path.join(REPO, "bench", "mpi_bench.c")
-        exe = os.path.join(self.bench_dir, "mpi_bench")
+    def build_c(self, name, compiler):
+        """Compiles bench/NAME.c into BUILD/bench/NAME when missing or older
+        than its source; None when usable, else why not."""
+        src = os.path.join(REPO, "bench", name + ".c")
+        exe = os.path.join(self.bench_dir, name)
         if os.path.exists(exe) and os.path.getmtime(exe) >= os.path.getmtime(src):
             return None
         os.makedirs(self.bench_dir, exist_ok=True)
-        cmd = [mpicc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE",
+        cmd = [compiler, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE",
                "-o", exe, src, "-lm"]
         print("+ " + shlex.join(cmd), flush=True)
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
-            with open(os.path.join(self.log_dir, "mpi_bench-build.log"), "w") as f:
+            with open(os.path.join(self.log_dir, name + "-build.log"), "w") as f:
                 f.write(out.stdout + out.stderr)
-            return f"mpicc failed on bench/mpi_bench.c (see {self.log_dir}/mpi_bench-build.log)"
+            return (f"{os.path.basename(compiler)} failed on bench/{name}.c "
+                    f"(see {self.log_dir}/{name}-build.log)")
         return None
 
     def tool_versions(self):
@@ -342,6 +347,9 @@ class Bench:
             cmd = [os.path.join(self.build, "bin", "dshim-bench"), "-n", str(n), "-o", "allreduce",
                    "-d", "float32", "-r", "sum", "-b", size_arg(min(self.sizes)),
                    "-e", size_arg(max(self.sizes)), "-f", str(f), "-j", json_path] + mt
+        elif impl == "wire":
+            cmd = [os.path.join(self.bench_dir, "tcp_wire"), "-n", str(n), "-s", sizes_csv,
+                   "-j", json_path] + mt
         elif impl == "gloo":
             cmd = [os.path.join(self.venv, "bin", "python"),
                    os.path.join(REPO, "bench", "gloo_bench.py"), "--np", str(n),
@@ -543,7 +551,11 @@ class Summary:
     # -- targets ---------------------------------------------------------
 
     def target_rows(self):
-        """(target, N, size, dshim, reference, ratio, need, verdict) rows."""
+        """(target, N, size, dshim, reference, ratio, wire's ratio, need, verdict) rows.
+
+        The wire's ratio, on dshim tcp's rows: what the same target would read
+        if dshim cost nothing at all, the kernel's loopback TCP moving the
+        allreduce's bytes alone (bench/tcp_wire.c) in dshim's place."""
         rows = []
 
         def measured(n, size):
@@ -551,7 +563,7 @@ class Summary:
 
         def row(name, n, size, a, b, use_time, need_text, ok):
             if not measured(n, size):
-                return (name, n, fmt_size(size), "", "", "", need_text, "not measured")
+                return (name, n, fmt_size(size), "", "", "", "", need_text, "not measured")
             va, vb = self.value(*a, n, size), self.value(*b, n, size)
 
             def show(v):
@@ -561,10 +573,17 @@ class Summary:
             if va is None or vb is None:
                 lack = " and ".join(LABEL[k] + " " + self.why_empty(*k, n)
                                     for k, v in ((a, va), (b, vb)) if v is None)
-                return (name, n, fmt_size(size), show(va), show(vb), "", need_text, lack)
-            ratio = va[0] / vb[0] if use_time else va[1] / vb[1]
-            return (name, n, fmt_size(size), show(va), show(vb),
-                    f"{ratio:.3f}" if ratio < 0.1 else f"{ratio:.2f}", need_text,
+                return (name, n, fmt_size(size), show(va), show(vb), "", "", need_text, lack)
+
+            def ratio_of(x):
+                r = x[0] / vb[0] if use_time else x[1] / vb[1]
+                return r, f"{r:.3f}" if r < 0.1 else f"{r:.2f}"
+            ratio, shown = ratio_of(va)
+            wire = ""
+            if a == ("dshim", "tcp"):
+                vw = self.value("wire", "tcp", n, size)
+                wire = ratio_of(vw)[1] if vw else "n/a"
+            return (name, n, fmt_size(size), show(va), show(vb), shown, wire, need_text,
                     "PASS" if ok(ratio) else "FAIL")
 
         def bw_row(name, n, size, a, b, factor):
@@ -607,12 +626,16 @@ class Summary:
                "Ratios use the medians over repetitions; `ratio` is dshim ÷ reference "
                "(busbw rows: higher is better; time rows: lower is better). "
                "A target whose inputs were not produced says which implementation is missing "
-               "or failed; `not measured` means the size or N was not in this sweep.\n",
+               "or failed; `not measured` means the size or N was not in this sweep. "
+               "`wire alone` (dshim tcp rows): the ratio the kernel's loopback TCP alone gets "
+               "against the same reference, moving the allreduce's bytes with no library "
+               "(the TCP wire column): no implementation's ratio can be above it by more than "
+               "the noise, short of moving fewer bytes than the ring.\n",
                "**Result: " + ", ".join(f"{count.get(k, 0)} {k}"
                                        for k in ("PASS", "FAIL", "missing or failed", "not measured"))
                + "**\n",
-               "| target | N | size | dshim | reference | ratio | need | result |",
-               "|---|---:|---:|---:|---:|---:|---:|---|"]
+               "| target | N | size | dshim | reference | ratio | wire alone | need | result |",
+               "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in rows:
             verdict = r[-1]
             if verdict in ("PASS", "FAIL"):
@@ -693,7 +716,7 @@ python3 bench/run_bench.py --build build --venv .venv --np 2,4 \\
 python3 bench/run_bench.py --build build --venv .venv --quick
 ```
 
-Other options: `--impls dshim-shm,dshim-tcp,gloo,openmpi-shm,openmpi-tcp`
+Other options: `--impls dshim-shm,dshim-tcp,gloo,openmpi-shm,openmpi-tcp,wire-tcp`
 (subset), `--timeout S` (per run, default 300), `--min-time S` (timed seconds
 per size, forwarded as `-t`; default: each benchmark's own 1 s),
 `--busy-max`, `--quiet-secs`, `--max-wait` (quiet-machine gate),
@@ -709,9 +732,11 @@ What runs, per repetition and per N, in this order:
 | gloo (tcp) | `.venv/bin/python bench/gloo_bench.py --np N` (N processes via subprocess, `GLOO_SOCKET_IFNAME=lo`, `OMP_NUM_THREADS=1`, `torch.set_num_threads(1)`) |
 | OpenMPI shm | `mpirun --allow-run-as-root --oversubscribe -np N --mca pml ob1 --mca btl vader,self build/bench/mpi_bench` |
 | OpenMPI tcp | `mpirun ... --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo build/bench/mpi_bench` |
+| TCP wire (bound) | `build/bench/tcp_wire -n N -s SIZES -j OUT` |
 
-`build/bench/mpi_bench` is compiled from `bench/mpi_bench.c` with `mpicc`
-when missing or older than its source. dshim-bench takes a geometric sweep
+`build/bench/mpi_bench` is compiled from `bench/mpi_bench.c` with `mpicc`,
+`build/bench/tcp_wire` from `bench/tcp_wire.c` with `cc`, when missing or
+older than their source. dshim-bench takes a geometric sweep
 (`-b/-e/-f`): the harness passes the largest factor that covers the requested
 sizes and ignores the extra sizes in the tables (they stay in the raw file).
 An implementation that is not available (binary not built, torch missing)
@@ -733,10 +758,18 @@ all of them. Before each run the harness waits until total CPU busy stays
 below the `--busy-max` share for `--quiet-secs` seconds (bounded by
 `--max-wait`; a run that started on a busy machine is marked `quiet: NO`).
 
+The TCP wire is not an allreduce: N processes in a ring over loopback TCP,
+each sending the 2(N−1)/N × B bytes a ring allreduce must send (B each way at
+N = 2; one connection per pair, as dshim) out of a B-byte buffer and
+receiving as many into another, with dshim's socket settings (TCP_NODELAY,
+4 MiB buffers, `reno`), no reduction, no framing, same timing method. It is
+what the kernel alone costs for those bytes: the bound of every TCP column,
+measured in the same repetition.
+
 Caveats: N larger than the core count oversubscribes the CPUs, so N=4 on a
-2-core machine measures scheduling as much as communication. OpenMPI binds
-its ranks to cores by default when not oversubscribed; the other two do not
-pin. OpenMPI busy-polls; blocking implementations pay the vCPU wake-up
+2-core machine measures scheduling as much as communication. OpenMPI,
+dshim-bench and the TCP wire bind their ranks to cores when not
+oversubscribed; gloo's ranks are not pinned. OpenMPI busy-polls; blocking implementations pay the vCPU wake-up
 latency at small sizes. Results from 64 MiB up are memory-bandwidth bound
 (L3 is smaller than the buffers). On loopback a pacing congestion control
 (`bbr`) costs TCP throughput: dshim switches its sockets between ranks of one
