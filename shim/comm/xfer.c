@@ -927,6 +927,29 @@ static dshim_status_t retry_after_wait_error(dshim_comm_t *comm, const dshim_col
     return DSHIM_OK;
 }
 
+/* How long a rank with a core of its own spins, at least, when it idles in
+ * the middle of a message (mid_message).  Its peer is then inside the same
+ * operation, copying bytes: a pause longer than DSHIM_SPIN_US there is the
+ * peer's system call or reduction over a chunk (a 512 KiB send or receive
+ * takes 0.1-0.3 ms on a busy host), not a peer that is late.  Sleeping
+ * through each such pause cost a wake-up every time: a 64 MiB allreduce over
+ * TCP at N = 2 slept ~30 times (~0.26 ms each) per call; spinning through
+ * them: 0.81 of its time, 16 MiB 0.93, shared memory unchanged
+ * (docs/benchmarks.md, "TCP against the wire"). */
+#define MID_MESSAGE_SPIN_S 1e-3
+
+/* Whether a message of this step has begun to move (its header is through)
+ * and is not finished. */
+static int mid_message(const dshim_xfer_op_t *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (ops[i].phase == PH_BODY && ops[i].done > 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
                                const dshim_xfer_hooks_t *hooks)
 {
@@ -946,7 +969,8 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
     int store_silent = 0; /* the store gave up on once in this wait: not asked again */
     const double stall_s = dshim_config()->stall_warn_s;
     double warn_after = stall_s;
-    double spin_s = (double)comm->spin_us * 1e-6;
+    const double spin_s = (double)comm->spin_us * 1e-6;
+    double spin_now = spin_s; /* this idle spell's spin: see mid_message_spin */
     unsigned idle_loops = 0;
     int next_source = (comm->rank + 1) % comm->size;
     /* the recorder's entries were marked waiting (once per idle spell; again
@@ -1034,13 +1058,17 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
         const int clock_due = loop == 0 || (loop & 7) == 0 || spin_s <= 0 || comm->spin_yields;
         double now = clock_due ? dshim_now() : 0;
         if (loop == 0) {
+            /* nothing moves while the loop idles: decided once per spell */
+            spin_now = spin_s > 0 && !comm->spin_yields && mid_message(ops, n) && spin_s < MID_MESSAGE_SPIN_S
+                           ? MID_MESSAGE_SPIN_S
+                           : spin_s;
             last_progress = now;
             warn_after = stall_s;
             if (start == 0) {
                 start = now;
             }
         }
-        if (!clock_due || now - last_progress < spin_s) {
+        if (!clock_due || now - last_progress < spin_now) {
             /* yields: with more ranks than cores on every poll (the peer
              * needs the core), else every 64th (a peer may share this core) */
             if (comm->spin_yields || (loop & 63) == 63) {
