@@ -16,6 +16,13 @@ Every repetition runs every case once, in the order given (reversed every
 other repetition), then OpenMPI (--mpi; `--mpi-args` adds MCA options, e.g.
 the single-copy mechanism), so slow drifts of a shared machine hit all of
 them alike.  --barrier adds dshim_barrier / MPI_Barrier as a column.
+--wire adds the TCP wire (bench/tcp_wire.c, compiled into BUILD/bench when
+missing: loopback TCP moving a ring allreduce's bytes with no library) as
+one more paired row, the bound of every TCP case:
+
+    python3 bench/oversub_ab.py --build /tmp/base --np 2 --transport tcp --sizes 16M,64M --reps 8 \
+        --case "base=" --case "new@/tmp/new=" --wire
+
 Prints markdown tables: per size the median time over repetitions and, in
 brackets, the fastest repetition; the ratio to OpenMPI's median (> 1: dshim
 faster); and each case's time over the first case's in the same repetition
@@ -97,6 +104,21 @@ def run_mpi(a, sizes):
         return rows_of(path)
 
 
+def run_wire(a, sizes):
+    exe = os.path.join(a.build, "bench", "tcp_wire")
+    src = os.path.join(HERE, "tcp_wire.c")
+    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
+        os.makedirs(os.path.dirname(exe), exist_ok=True)
+        subprocess.run(["cc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE",
+                        "-o", exe, src, "-lm"], check=True)
+    with tempfile.TemporaryDirectory(prefix="oversub_ab.") as tmp:
+        path = os.path.join(tmp, "wire.jsonl")
+        cmd = [exe, "-n", str(a.np), "-s", ",".join(str(x) for x in sizes if x != BARRIER),
+               "-t", str(a.min_time), "-j", path]
+        subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=a.timeout)
+        return rows_of(path)
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
@@ -109,11 +131,14 @@ def main(argv):
     ap.add_argument("--barrier", action="store_true", help="time the barrier too (a column before the sizes)")
     ap.add_argument("--mpi", action="store_true", help="OpenMPI too (the ratio column)")
     ap.add_argument("--mpi-args", default="", help="extra mpirun arguments, e.g. MCA options")
+    ap.add_argument("--wire", action="store_true",
+                    help="the TCP wire too (bench/tcp_wire.c: the kernel alone; a paired row)")
     ap.add_argument("--timeout", type=float, default=300)
     a = ap.parse_args(argv)
     sizes = ([BARRIER] if a.barrier else []) + [parse_size(s) for s in a.sizes.split(",") if s]
     cases = [parse_case(c, a.build) for c in a.case] or [("auto", a.build, {})]
-    names = [c[0] for c in cases] + (["OpenMPI"] if a.mpi else [])
+    wire = "TCP wire"
+    names = [c[0] for c in cases] + ([wire] if a.wire else []) + (["OpenMPI"] if a.mpi else [])
     res = {n: {s: [] for s in sizes} for n in names}
     # per repetition, {case: {size: time}}: the paired ratios
     reps = []
@@ -123,6 +148,10 @@ def main(argv):
             this[label] = run_dshim(a, build, env, sizes)
             for s, t in this[label].items():
                 res[label][s].append(t)
+        if a.wire:
+            this[wire] = run_wire(a, sizes)
+            for s, t in this[wire].items():
+                res[wire][s].append(t)
         if a.mpi:
             for s, t in run_mpi(a, sizes).items():
                 res["OpenMPI"][s].append(t)
@@ -157,14 +186,14 @@ def main(argv):
                 m, ref = med(n, s), med("OpenMPI", s)
                 cells.append("—" if not m or not ref else f"{ref / m:.2f}")
         print(f"| {n} | " + " | ".join(cells) + " |")
-    if len(cases) > 1:
+    if len(cases) + a.wire > 1:
         first = cases[0][0]
         print()
         print(f"Paired: time over {first}'s in the same repetition, median [min..max] (< 1: faster than {first})")
         print()
         print("| setting | " + " | ".join(col(s) for s in sizes) + " |")
         print("|---|" + "---:|" * len(sizes))
-        for label, _, _ in cases[1:]:
+        for label in [c[0] for c in cases[1:]] + ([wire] if a.wire else []):
             cells = []
             for s in sizes:
                 r = sorted(x[label][s] / x[first][s] for x in reps
