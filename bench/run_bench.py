@@ -629,8 +629,10 @@ class Summary:
                "or failed; `not measured` means the size or N was not in this sweep. "
                "`wire alone` (dshim tcp rows): the ratio the kernel's loopback TCP alone gets "
                "against the same reference, moving the allreduce's bytes with no library "
-               "(the TCP wire column): no implementation's ratio can be above it by more than "
-               "the noise, short of moving fewer bytes than the ring.\n",
+               "(the TCP wire column). Where the bytes dominate (1 MiB and up here) no "
+               "implementation's ratio can be above it by more than the noise, short of moving "
+               "fewer bytes than the ring; below that, with more ranks than cores, scheduling "
+               "decides and the wire (a plain ring of processes) is no bound.\n",
                "**Result: " + ", ".join(f"{count.get(k, 0)} {k}"
                                        for k in ("PASS", "FAIL", "missing or failed", "not measured"))
                + "**\n",
