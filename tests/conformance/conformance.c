@@ -9,6 +9,7 @@
  * Values are small integers so every order of reduction is exact and the
  * reference is unambiguous for every dtype (fp8 included).
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -378,6 +379,97 @@ static void test_barrier_waits(suite_t *s)
     report(s, ok, "barrier waits for every rank", DSHIM_UINT64, DSHIM_MAX, 1, st);
 }
 
+/* A request waited for by another thread while this one goes on issuing:
+ * the helper's dshim_wait may run the queue's head itself, the progress
+ * thread may, and this thread's blocking calls take the engine at once when
+ * it is idle (engine.c run_now).  Every rank issues the same calls in the
+ * same order; only who runs them differs. */
+typedef struct waiter_box {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    dshim_request_t *req; /* handed to the helper; NULL once it waited */
+    dshim_status_t st;
+    int quit;
+} waiter_box_t;
+
+static void *waiter_main(void *arg)
+{
+    waiter_box_t *b = arg;
+    pthread_mutex_lock(&b->lock);
+    while (!b->quit) {
+        if (!b->req) {
+            pthread_cond_wait(&b->cond, &b->lock);
+            continue;
+        }
+        dshim_request_t *req = b->req;
+        pthread_mutex_unlock(&b->lock);
+        dshim_status_t st = dshim_wait(req);
+        dshim_request_free(req);
+        pthread_mutex_lock(&b->lock);
+        b->st = st;
+        b->req = NULL;
+        pthread_cond_broadcast(&b->cond);
+    }
+    pthread_mutex_unlock(&b->lock);
+    return NULL;
+}
+
+static void test_waiter_thread(suite_t *s)
+{
+    waiter_box_t b = {.st = DSHIM_OK};
+    pthread_mutex_init(&b.lock, NULL);
+    pthread_cond_init(&b.cond, NULL);
+    pthread_t helper;
+    int started = pthread_create(&helper, NULL, waiter_main, &b) == 0;
+    int ok = started;
+    dshim_status_t st = DSHIM_OK;
+    int32_t want_x = 0, want_y = 0;
+    for (int r = 0; r < s->size; r++) {
+        want_x += r + 1;
+        want_y += 2 * r;
+    }
+    for (int i = 0; ok && i < 300; i++) {
+        int32_t x = s->rank + 1, xs = 0, y = 2 * s->rank, ys = 0;
+        dshim_request_t *req = NULL;
+        st = dshim_iallreduce(s->comm, &x, &xs, 1, DSHIM_INT32, DSHIM_SUM, &req);
+        ok &= st == DSHIM_OK;
+        if (!ok) {
+            break;
+        }
+        pthread_mutex_lock(&b.lock);
+        b.req = req;
+        pthread_cond_broadcast(&b.cond);
+        pthread_mutex_unlock(&b.lock);
+        st = dshim_allreduce(s->comm, &y, &ys, 1, DSHIM_INT32, DSHIM_SUM);
+        ok &= st == DSHIM_OK && ys == want_y;
+        if (i % 3 == 0) {
+            st = dshim_barrier(s->comm);
+            ok &= st == DSHIM_OK;
+        }
+        pthread_mutex_lock(&b.lock);
+        while (b.req) {
+            pthread_cond_wait(&b.cond, &b.lock);
+        }
+        ok &= b.st == DSHIM_OK && xs == want_x;
+        pthread_mutex_unlock(&b.lock);
+    }
+    if (started) {
+        /* (a request handed over is always waited for: dshim_wait returns,
+         * with the communicator's error if it failed) */
+        pthread_mutex_lock(&b.lock);
+        while (b.req) {
+            pthread_cond_wait(&b.cond, &b.lock);
+        }
+        b.quit = 1;
+        pthread_cond_broadcast(&b.cond);
+        pthread_mutex_unlock(&b.lock);
+        pthread_join(helper, NULL);
+    }
+    pthread_cond_destroy(&b.cond);
+    pthread_mutex_destroy(&b.lock);
+    report(s, ok, "blocking calls while another thread waits", DSHIM_INT32, DSHIM_SUM, 1, st);
+}
+
 static void test_split_and_barrier(suite_t *s)
 {
     dshim_status_t st = dshim_barrier(s->comm);
@@ -447,6 +539,7 @@ static int body(int rank, int size, int port, void *arg)
     }
     test_split_and_barrier(&s);
     test_barrier_waits(&s);
+    test_waiter_thread(&s);
     dshim_stats_t stats;
     dshim_comm_stats(s.comm, &stats);
     if (size > 1 && stats.bytes_sent == 0) {
