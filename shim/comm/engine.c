@@ -314,8 +314,9 @@ static void run_head(dshim_comm_t *comm)
 /* A blocking collective submitted while nothing is queued and nobody
  * executes runs at once in its caller's thread, without the lock: the
  * engine is taken and let go by one compare-and-swap and one store (was: two
- * lock/unlock pairs, the queue's links and a wait loop).  2-rank barrier 0.91
- * of its time, 4 KiB allreduce 0.93 (docs/benchmarks.md, "The per-op path").
+ * lock/unlock pairs, the queue's links and a wait loop).  Barrier 0.94 of its
+ * time at N = 2, 0.96 at N = 4; 4 KiB allreduce 1.00 (docs/benchmarks.md,
+ * "The per-op path").
  * 0: not run (the caller queues it as before). */
 static int run_now(dshim_comm_t *comm, dshim_request_t *req)
 {
