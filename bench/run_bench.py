@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Interleaved allreduce benchmark: dshim (shm, tcp) vs gloo vs OpenMPI (shm, tcp).
+"""Interleaved allreduce benchmark: dshim (shm, tcp) vs gloo vs OpenMPI (shm, tcp), and the TCP wire.
 
     python3 bench/run_bench.py --build build --venv .venv --np 2,4 \\
         --sizes 4K,64K,1M,16M,64M --reps 3 --out docs/benchmarks.md [--quick]
 
-For every repetition and every process count the five implementations run
-one after the other (dshim shm, dshim tcp, gloo, OpenMPI shm, OpenMPI tcp), so
-slow drifts of the shared machine hit all of them alike.  Before each run the
+For every repetition and every process count the six runs go one after the
+other (dshim shm, dshim tcp, gloo, OpenMPI shm, OpenMPI tcp, then the TCP wire:
+bench/tcp_wire.c, the kernel's loopback TCP moving the same bytes with no
+library, the bound of the TCP columns), so slow drifts of the shared machine
+hit all of them alike.  Before each run the
 harness waits (bounded) until the machine is quiet and afterwards records the
 CPU that other processes used during the run.  Raw results are appended to
 BUILD/bench/results.jsonl, one record per run to BUILD/bench/runs.jsonl, each
@@ -747,14 +749,15 @@ harness still writes this file and exits 0.
 
 ## Method
 
-Identical in all three benchmark programs: float32, SUM, in place; one
+Identical in the three benchmark programs (the TCP wire: same timing, its own
+check of the received bytes): float32, SUM, in place; one
 correctness check per size (rank+1 values); warm-up of at least 5 iterations
 and 0.2 s; then `iters = max(5, ceil(1 s / t_warm))`, capped at 10 000,
 decided on rank 0; per-iteration time = **max over ranks**; reported time =
 **median over iterations**; `algbw = bytes / time`,
 `busbw = algbw × 2(n−1)/n` (nccl-tests definitions). The tables give the
 **median over repetitions** of the per-run median time and the busbw derived
-from it, with the busbw range over repetitions. The five implementations are
+from it, with the busbw range over repetitions. The six runs are
 interleaved inside every repetition, so drifts of the shared machine affect
 all of them. Before each run the harness waits until total CPU busy stays
 below the `--busy-max` share for `--quiet-secs` seconds (bounded by
