@@ -416,7 +416,9 @@ dshim_status_t dshim_engine_submit(dshim_comm_t *comm, dshim_request_t *req, int
     if (comm->trace) {
         if (blocking && !is_busy(comm) && !comm->q_head && req->sig.coll != DSHIM_COLL_P2P) {
             /* wait_locked runs it at once in this thread (the lock is not
-             * let go before): recorded there, queued and started together */
+             * let go before; unless another thread's blocking call takes the
+             * engine first, run_now): recorded when it runs, queued and
+             * started together */
             req->trace_begin = 1;
         } else {
             /* under the lock: entries are numbered in issue order */
