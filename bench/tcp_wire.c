@@ -508,6 +508,14 @@ int main(int argc, char **argv)
             status = 1;
         }
     }
+    for (int r = 0; r < n; r++) {
+        close(listeners[r]);
+        close(pipes[r][0]);
+    }
     free(all);
+    free(listeners);
+    free(addrs);
+    free(pipes);
+    free(pids);
     return status;
 }
