@@ -82,6 +82,12 @@ def worker():
             time.sleep(0.1)
         print(f"rank {rank}: dump {'written' if mine.exists() else 'MISSING'}", flush=True)
         store.set("fr_skipper_dumped", "1")
+    # rank 0 hosts the store and leaves last: a rank whose wait was still being
+    # answered when rank 0 exited got "Connection was likely closed" (seen once)
+    store.add("fr_left", 1)
+    deadline = time.monotonic() + 60
+    while rank == 0 and store.add("fr_left", 0) < N and time.monotonic() < deadline:
+        time.sleep(0.05)
     sys.stdout.flush()
     os._exit(0)   # the group is broken: no destroy
 
