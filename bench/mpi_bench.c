@@ -33,6 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_size.h"
+
 #define MAX_SIZES 64
 #define MAX_ITERS 10000
 #define MIN_ITERS 5
@@ -47,40 +49,6 @@ struct bench_args {
     int barrier;
     double init_us, init_span_us, init_min_us;
 };
-
-/* Parses "4K", "1M", "64m", "4096"; returns 0 on a malformed string. */
-static size_t parse_size(const char *s)
-{
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || end == s) {
-        return 0;
-    }
-    switch (*end) {
-    case 'k':
-    case 'K':
-        v <<= 10;
-        end++;
-        break;
-    case 'm':
-    case 'M':
-        v <<= 20;
-        end++;
-        break;
-    case 'g':
-    case 'G':
-        v <<= 30;
-        end++;
-        break;
-    default:
-        break;
-    }
-    if (*end != '\0') {
-        return 0;
-    }
-    return (size_t)v;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -133,10 +101,10 @@ static void parse_args(int argc, char **argv, int rank, struct bench_args *a)
             list = optarg;
             break;
         case 'b':
-            begin = parse_size(optarg);
+            begin = bench_parse_size(optarg);
             break;
         case 'e':
-            end = parse_size(optarg);
+            end = bench_parse_size(optarg);
             break;
         case 'f':
             factor = strtoul(optarg, NULL, 10);
@@ -161,7 +129,7 @@ static void parse_args(int argc, char **argv, int rank, struct bench_args *a)
         char *copy = strdup(list);
         char *save = NULL;
         for (char *tok = strtok_r(copy, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
-            if (add_size(a, parse_size(tok)) != 0) {
+            if (add_size(a, bench_parse_size(tok)) != 0) {
                 free(copy);
                 usage_exit(rank, "bad -s entry: sizes must be multiples of 4 bytes, at most 64 of them");
             }

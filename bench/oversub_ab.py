@@ -41,7 +41,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from run_bench import MPI_BTL, STRIP_ENV, STRIP_ENV_PREFIXES, fmt_size, parse_size  # noqa: E402
+from run_bench import (MPI_BTL, STRIP_ENV, STRIP_ENV_PREFIXES, build_bench_c, fmt_size,  # noqa: E402
+                       parse_size)
 
 
 BARRIER = 0  # the barrier's column key (0 bytes)
@@ -105,12 +106,10 @@ def run_mpi(a, sizes):
 
 
 def run_wire(a, sizes):
+    why = build_bench_c("tcp_wire", "cc", os.path.join(a.build, "bench"), tempfile.gettempdir())
+    if why:
+        raise SystemExit(f"--wire: {why}")
     exe = os.path.join(a.build, "bench", "tcp_wire")
-    src = os.path.join(HERE, "tcp_wire.c")
-    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
-        os.makedirs(os.path.dirname(exe), exist_ok=True)
-        subprocess.run(["cc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE",
-                        "-o", exe, src, "-lm"], check=True)
     with tempfile.TemporaryDirectory(prefix="oversub_ab.") as tmp:
         path = os.path.join(tmp, "wire.jsonl")
         cmd = [exe, "-n", str(a.np), "-s", ",".join(str(x) for x in sizes if x != BARRIER),

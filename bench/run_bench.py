@@ -229,6 +229,28 @@ def kill_tree(proc):
         proc.wait()
 
 
+def build_bench_c(name, compiler, out_dir, log_dir):
+    """Compiles bench/NAME.c into OUT_DIR/NAME when missing or older than its
+    source or bench/bench_size.h; None when usable, else why not (the
+    compiler's output in LOG_DIR/NAME-build.log)."""
+    src = os.path.join(REPO, "bench", name + ".c")
+    exe = os.path.join(out_dir, name)
+    newest = max(os.path.getmtime(src), os.path.getmtime(os.path.join(REPO, "bench", "bench_size.h")))
+    if os.path.exists(exe) and os.path.getmtime(exe) >= newest:
+        return None
+    os.makedirs(out_dir, exist_ok=True)
+    cmd = [compiler, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE",
+           "-o", exe, src, "-lm"]
+    print("+ " + shlex.join(cmd), flush=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, name + "-build.log"), "w") as f:
+            f.write(out.stdout + out.stderr)
+        return f"{os.path.basename(compiler)} failed on bench/{name}.c (see {log_dir}/{name}-build.log)"
+    return None
+
+
 # ------------------------------------------------------------ the harness
 
 class Bench:
@@ -271,11 +293,13 @@ class Bench:
         if wanted & {("openmpi", "shm"), ("openmpi", "tcp")}:
             mpicc = shutil.which("mpicc")
             why = "mpicc/mpirun not on PATH (apt-get install libopenmpi-dev openmpi-bin)" \
-                if not mpicc or not shutil.which("mpirun") else self.build_c("mpi_bench", mpicc)
+                if not mpicc or not shutil.which("mpirun") else \
+                build_bench_c("mpi_bench", mpicc, self.bench_dir, self.log_dir)
             self.avail[("openmpi", "shm")] = self.avail[("openmpi", "tcp")] = why
         if ("wire", "tcp") in wanted:
             cc = shutil.which("cc") or shutil.which("gcc")
-            self.avail[("wire", "tcp")] = "no C compiler (cc) on PATH" if not cc else self.build_c("tcp_wire", cc)
+            self.avail[("wire", "tcp")] = "no C compiler (cc) on PATH" if not cc else \
+                build_bench_c("tcp_wire", cc, self.bench_dir, self.log_dir)
         for key in ORDER:
             if key not in wanted:
                 self.avail[key] = "not selected (--impls)"
@@ -297,25 +321,6 @@ class Bench:
         ver, ok = out.stdout.split()[:2]
         self.versions["torch"] = ver
         return None if ok == "True" else f"torch {ver} in {py} has no gloo backend"
-
-    def build_c(self, name, compiler):
-        """Compiles bench/NAME.c into BUILD/bench/NAME when missing or older
-        than its source; None when usable, else why not."""
-        src = os.path.join(REPO, "bench", name + ".c")
-        exe = os.path.join(self.bench_dir, name)
-        if os.path.exists(exe) and os.path.getmtime(exe) >= os.path.getmtime(src):
-            return None
-        os.makedirs(self.bench_dir, exist_ok=True)
-        cmd = [compiler, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE",
-               "-o", exe, src, "-lm"]
-        print("+ " + shlex.join(cmd), flush=True)
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if out.returncode != 0:
-            with open(os.path.join(self.log_dir, name + "-build.log"), "w") as f:
-                f.write(out.stdout + out.stderr)
-            return (f"{os.path.basename(compiler)} failed on bench/{name}.c "
-                    f"(see {self.log_dir}/{name}-build.log)")
-        return None
 
     def tool_versions(self):
         v = {}
@@ -740,7 +745,7 @@ What runs, per repetition and per N, in this order:
 
 `build/bench/mpi_bench` is compiled from `bench/mpi_bench.c` with `mpicc`,
 `build/bench/tcp_wire` from `bench/tcp_wire.c` with `cc`, when missing or
-older than their source. dshim-bench takes a geometric sweep
+older than their source (or the `bench/bench_size.h` they share). dshim-bench takes a geometric sweep
 (`-b/-e/-f`): the harness passes the largest factor that covers the requested
 sizes and ignores the extra sizes in the tables (they stay in the raw file).
 An implementation that is not available (binary not built, torch missing)

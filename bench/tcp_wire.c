@@ -51,6 +51,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_size.h"
+
 #define MAX_SIZES 64
 #define MAX_ITERS 10000
 #define MIN_ITERS 5
@@ -80,24 +82,6 @@ static void die(int rank, const char *what)
     exit(1);
 }
 
-static size_t parse_size(const char *s)
-{
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || end == s) {
-        return 0;
-    }
-    if (*end == 'k' || *end == 'K') {
-        v <<= 10, end++;
-    } else if (*end == 'm' || *end == 'M') {
-        v <<= 20, end++;
-    } else if (*end == 'g' || *end == 'G') {
-        v <<= 30, end++;
-    }
-    return *end == '\0' ? (size_t)v : 0;
-}
-
 static void usage(void)
 {
     fprintf(stderr, "usage: tcp_wire -n N -s 4K,64K,1M -j OUT.jsonl [-t MIN_SECONDS] [-B BYTES] [-C NAME|default]\n");
@@ -120,7 +104,7 @@ static void parse_args(int argc, char **argv, struct args *a)
         case 's': {
             char *copy = strdup(optarg), *save = NULL;
             for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-                size_t v = parse_size(tok);
+                size_t v = bench_parse_size(tok);
                 if (!v || a->nsizes == MAX_SIZES) {
                     fprintf(stderr, "tcp_wire: bad size list '%s' (at most %d sizes > 0, K/M/G suffixes)\n", optarg,
                             MAX_SIZES);
@@ -138,7 +122,7 @@ static void parse_args(int argc, char **argv, struct args *a)
             a->min_time_s = atof(optarg);
             break;
         case 'B':
-            a->sockbuf = (int)parse_size(optarg);
+            a->sockbuf = (int)bench_parse_size(optarg);
             break;
         case 'C':
             a->cc = optarg;
