@@ -30,6 +30,14 @@
  *    its process).  Errors are not reported here (connect reports them), and
  *    it may run while the other thread connects the same peer.
  *  - teardown (optional): frees the state, after every connection is gone.
+ *  - host_area (optional; host-local transports): memory shared by the
+ *    ranks of this host in the communicator, for the collectives they run
+ *    through shared words instead of messages (shim/comm/host_gate.c lays
+ *    it out).  Every rank's setup makes dshim_host_area_bytes(size)
+ *    zero-filled bytes; the ranks of a host use those of `owner`, the
+ *    host's lowest rank.  The first call maps them (through the owner's
+ *    process, so the owner must be alive then: the core calls it before it
+ *    can need them), later calls return the same pointer, teardown unmaps.
  *
  * Waiting.  A transport whose arrivals show on the connection's socket (tcp)
  * leaves wait_arm/wait/wait_disarm NULL: the engine polls that socket, POLLIN
@@ -94,6 +102,15 @@
 #define DSHIM_TRANSPORT_MAX      4   /* registry entries */
 #define DSHIM_TRANSPORT_ADDR_LEN 64  /* bytes of the peer record each transport may publish into */
 
+/* The host area (host_area below): two lines of words every rank of the
+ * host writes, then a line per rank; 128-byte lines, so that the adjacent-
+ * line prefetcher does not make two ranks' lines share fate. */
+#define DSHIM_HOST_AREA_LINE 128
+static inline size_t dshim_host_area_bytes(int size)
+{
+    return ((size_t)size + 2) * DSHIM_HOST_AREA_LINE;
+}
+
 typedef struct dshim_conn dshim_conn_t;
 typedef struct dshim_transport dshim_transport_t;
 
@@ -121,6 +138,7 @@ struct dshim_transport {
     dshim_status_t (*connect)(void *state, const dshim_transport_peer_t *peer, int fd, dshim_conn_t **conn_p);
     void (*prepare)(void *state, const dshim_transport_peer_t *peer);
     void (*teardown)(void *state);
+    dshim_status_t (*host_area)(void *state, const dshim_transport_peer_t *owner, void **area_p);
 
     /* waiting (all three or none): arm announces a sleeper and returns the
      * value to wait with, disarm withdraws it */

@@ -48,6 +48,7 @@
 
 #include "bootstrap.h"
 #include "config.h"
+#include "host_gate.h"
 #include "net.h"
 #include "status.h"
 
@@ -669,6 +670,7 @@ static dshim_status_t plan_transports(dshim_comm_t *comm)
         }
     }
     describe_transports(comm);
+    dshim_host_gate_plan(comm);
     return DSHIM_OK;
 }
 

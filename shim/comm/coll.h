@@ -1,5 +1,6 @@
 /* Collective algorithms: each runs inside the engine's executor, written
- * against dshim_xfer() only (never against a transport). */
+ * against dshim_xfer() only (never against a transport); the barrier of
+ * ranks that share a host goes through the host gate (host_gate.h). */
 #ifndef DSHIM_COLL_H
 #define DSHIM_COLL_H
 

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "coll.h"
+#include "host_gate.h"
 #include "status.h"
 
 static int mod(int a, int n)
@@ -142,6 +143,9 @@ dshim_status_t dshim_algo_alltoallv(dshim_comm_t *comm, dshim_request_t *req)
  * docs/benchmarks.md), and any N takes ceil(log2 N) rounds without folding. */
 dshim_status_t dshim_algo_barrier(dshim_comm_t *comm, dshim_request_t *req)
 {
+    if (comm->gate_transport >= 0) {
+        return dshim_host_gate_barrier(comm, &req->sig); /* every rank on this host: one shared counter */
+    }
     int n = comm->size, r = comm->rank;
     for (int k = 1; k < n; k <<= 1) {
         /* r + k and r - k around the ring: k < n, so a compare each, not

@@ -12,6 +12,7 @@
 #include "config.h"
 #include "crash.h"
 #include "engine.h"
+#include "host_gate.h"
 #include "net.h"
 #include "status.h"
 
@@ -460,6 +461,9 @@ dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char
         }
         dshim_store_patience(patience);
     }
+    /* and the ranks waiting in the host gate's barrier, which have no
+     * connection to this rank to notice it by */
+    dshim_host_gate_fail(comm);
     /* make every connected peer notice now rather than at its own timeout;
      * under conn_lock: the acceptor publishes a connection only after it
      * saw no error under that lock, so every connection is either shut

@@ -143,6 +143,12 @@ struct dshim_comm {
     dshim_trace_ring_t *trace;
     uint64_t trace_op;             /* the collective being executed (executor only) */
 
+    /* the host gate (host_gate.h): the barrier of ranks that all share a
+     * host, through a counter in shared memory */
+    int gate_transport;            /* registry entry whose host area holds it; -1: no gate */
+    void *gate;                    /* that host area, mapped on first use (atomic: dshim_comm_fail reads it) */
+    uint64_t gate_episode;         /* barriers through it so far (executor only) */
+
     /* hierarchy (only when ranks span several hosts and some host has
      * several): the ranks of my host, and the first rank of every host */
     struct dshim_comm *local;      /* NULL when there is no hierarchy */

@@ -9,6 +9,7 @@
 
 #include "config.h"
 #include "engine.h"
+#include "host_gate.h"
 #include "net.h"
 #include "status.h"
 #include "xfer.h"
@@ -727,7 +728,7 @@ static dshim_status_t advance_connects(dshim_comm_t *comm, dshim_xfer_op_t *ops,
     return DSHIM_OK;
 }
 
-static dshim_status_t fail_step(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st)
+dshim_status_t dshim_xfer_fail(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st)
 {
     char call[160], msg[1024];
     /* handshakes this step began are given up (the communicator fails) */
@@ -784,21 +785,21 @@ static dshim_status_t check_peers(dshim_comm_t *comm, const dshim_coll_sig_t *si
                 dshim_status_t st = r == comm->rank || dshim_comm_conn(comm, r) ? DSHIM_OK
                                                                                  : dshim_comm_connect_start(comm, r);
                 if (st != DSHIM_OK) {
-                    return fail_step(comm, ops[i].sig ? ops[i].sig : sig, st);
+                    return dshim_xfer_fail(comm, ops[i].sig ? ops[i].sig : sig, st);
                 }
             }
             continue;
         }
         if (ops[i].peer < 0 || ops[i].peer >= comm->size || ops[i].peer == comm->rank) {
             dshim_error_quiet(DSHIM_ERR_INTERNAL, "transfer to invalid peer %d", ops[i].peer);
-            return fail_step(comm, ops[i].sig ? ops[i].sig : sig, DSHIM_ERR_INTERNAL);
+            return dshim_xfer_fail(comm, ops[i].sig ? ops[i].sig : sig, DSHIM_ERR_INTERNAL);
         }
         if (dshim_comm_conn(comm, ops[i].peer)) {
             continue;
         }
         dshim_status_t st = dshim_comm_connect_start(comm, ops[i].peer);
         if (st != DSHIM_OK) {
-            return fail_step(comm, ops[i].sig ? ops[i].sig : sig, st);
+            return dshim_xfer_fail(comm, ops[i].sig ? ops[i].sig : sig, st);
         }
         ops[i].connecting = 1;
         (*pending_p)++;
@@ -854,12 +855,6 @@ static dshim_status_t step_all(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
     return DSHIM_OK;
 }
 
-/* the one place that words a timeout: the torch plugin reports this text as
- * is (python/dshim/_comm.py), and torch's own tests look for " timeout " */
-#define TIMEOUT_WHY                                                                                                  \
-    "(no progress for that long: the communicator's timeout for a stalled operation, DSHIM_TIMEOUT or the one the " \
-    "framework set, e.g. torch's init_process_group timeout)"
-
 /* Nothing moved for the communicator's timeout: fails the step, naming what
  * it waited for and (collectives) the ranks that never arrived. */
 static dshim_status_t fail_timeout(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
@@ -870,16 +865,16 @@ static dshim_status_t fail_timeout(dshim_comm_t *comm, const dshim_coll_sig_t *s
     if (sig->coll == DSHIM_COLL_P2P) {
         /* point-to-point messages are numbered per peer: no arrival
          * marks; `who` names the peers that did not send */
-        dshim_error_quiet(DSHIM_ERR_TIMEOUT, "did not complete within %g s " TIMEOUT_WHY " while %s",
+        dshim_error_quiet(DSHIM_ERR_TIMEOUT, "did not complete within %g s " DSHIM_TIMEOUT_WHY " while %s",
                           comm->timeout_s, who);
-        return fail_step(comm, sig, DSHIM_ERR_TIMEOUT);
+        return dshim_xfer_fail(comm, sig, DSHIM_ERR_TIMEOUT);
     }
     missing_ranks(comm, sig->seq, missing, sizeof(missing), store_silent);
     dshim_error_quiet(DSHIM_ERR_TIMEOUT,
-                      "did not complete within %g s " TIMEOUT_WHY " while %s; ranks that did not arrive "
+                      "did not complete within %g s " DSHIM_TIMEOUT_WHY " while %s; ranks that did not arrive "
                       "at this collective: %s",
                       comm->timeout_s, who, missing[0] ? missing : "none known (check the other ranks' logs)");
-    return fail_step(comm, sig, DSHIM_ERR_TIMEOUT);
+    return dshim_xfer_fail(comm, sig, DSHIM_ERR_TIMEOUT);
 }
 
 /* Nothing moved for `waited` seconds, less than the timeout: a warning naming
@@ -911,7 +906,7 @@ static dshim_status_t retry_after_wait_error(dshim_comm_t *comm, const dshim_col
     int moved2 = 0;
     if (bind_any_sources(comm, ops, n, next_source) != DSHIM_OK) {
         dshim_error_set_raw(cause);
-        return fail_step(comm, sig, st);
+        return dshim_xfer_fail(comm, sig, st);
     }
     for (int i = 0; i < n && !moved2; i++) {
         if (op_active(&ops[i])) {
@@ -922,9 +917,30 @@ static dshim_status_t retry_after_wait_error(dshim_comm_t *comm, const dshim_col
     }
     if (!moved2) {
         dshim_error_set_raw(cause);
-        return fail_step(comm, sig, st);
+        return dshim_xfer_fail(comm, sig, st);
     }
     return DSHIM_OK;
+}
+
+/* The signature check against the ranks that run the barrier in shared
+ * memory (host_gate.h) and so send no message to compare: one of them
+ * waiting in the barrier of this collective's number means the ranks called
+ * different collectives. */
+static dshim_status_t check_gate(dshim_comm_t *comm, const dshim_coll_sig_t *sig)
+{
+    int r = dshim_host_gate_in_barrier(comm, sig->seq);
+    if (r < 0) {
+        return DSHIM_OK;
+    }
+    char peer[160], mine[160], theirs[160];
+    dshim_comm_describe_peer(comm, r, peer, sizeof(peer));
+    describe_call(mine, sizeof(mine), sig->coll, sig->dtype, sig->redop, sig->root, sig->count, sig->seq);
+    describe_call(theirs, sizeof(theirs), DSHIM_COLL_BARRIER, DSHIM_UINT64, DSHIM_MAX, -1, 1, sig->seq);
+    dshim_error_quiet(DSHIM_ERR_MISMATCH,
+                      "mismatched collectives: this rank called %s but %s called %s; every rank must issue the "
+                      "same collectives in the same order with the same count, dtype, op and root",
+                      mine, peer, theirs);
+    return dshim_xfer_fail(comm, sig, DSHIM_ERR_MISMATCH);
 }
 
 /* How long a rank with a core of its own spins, at least, when it idles in
@@ -997,24 +1013,24 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
         if (connecting) {
             dshim_status_t cst = advance_connects(comm, ops, n, &connecting, &moved);
             if (cst != DSHIM_OK) {
-                return fail_step(comm, sig, cst);
+                return dshim_xfer_fail(comm, sig, cst);
             }
         }
         if (any_connects) {
             /* handshakes begun for receives from any source */
             dshim_status_t cst = dshim_comm_connect_poll_all(comm, &moved);
             if (cst != DSHIM_OK) {
-                return fail_step(comm, sig, cst);
+                return dshim_xfer_fail(comm, sig, cst);
             }
             any_connects = dshim_comm_connects_pending(comm, NULL, NULL) > 0;
         }
         dshim_status_t bst = bind_any_sources(comm, ops, n, &next_source);
         if (bst != DSHIM_OK) {
-            return fail_step(comm, sig, bst);
+            return dshim_xfer_fail(comm, sig, bst);
         }
         dshim_status_t sst = step_all(comm, sig, ops, n, esize, hooks, &remaining, &moved);
         if (sst != DSHIM_OK) {
-            return fail_step(comm, sig, sst);
+            return dshim_xfer_fail(comm, sig, sst);
         }
         if (!moved && hooks && hooks->absorb) {
             int old_n = n;
@@ -1084,6 +1100,9 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
             continue;
         }
         double waited = now - last_progress;
+        if (comm->gate_transport >= 0 && comm->check_sig && !p2p && sig->coll != DSHIM_COLL_BARRIER) {
+            DSHIM_CHECK(check_gate(comm, sig));
+        }
         if (!announced && now - start > 1.0) {
             /* collectives only: a point-to-point number (per peer) would
              * pass for the collective of that number */

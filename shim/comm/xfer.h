@@ -71,6 +71,17 @@ void dshim_xfer_link(dshim_xfer_op_t *ops, int first, int n);
  * incoming header.  dtype/redop used for RECV_REDUCE come from sig. */
 dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n);
 
+/* Fails the communicator with st and the current error
+ * (dshim_last_error), worded as every failed step is: "rank R (host H) in
+ * <the call>: <error>". */
+dshim_status_t dshim_xfer_fail(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st);
+
+/* The one place that words a timeout's cause: the torch plugin reports it
+ * as is (python/dshim/_comm.py), and torch's own tests look for " timeout ". */
+#define DSHIM_TIMEOUT_WHY                                                                                            \
+    "(no progress for that long: the communicator's timeout for a stalled operation, DSHIM_TIMEOUT or the one the " \
+    "framework set, e.g. torch's init_process_group timeout)"
+
 /* Convenience constructors. */
 static inline dshim_xfer_op_t dshim_xf_send(int peer, const void *buf, size_t len)
 {

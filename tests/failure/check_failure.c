@@ -122,6 +122,10 @@ static int body_mismatch(int rank, int size, int port, void *arg)
                        : dshim_broadcast(comm, buf, 100, DSHIM_FLOAT32, 0);
     } else if (kind == 2) {
         st = dshim_allreduce(comm, buf, buf, 100, rank == 0 ? DSHIM_FLOAT32 : DSHIM_INT32, DSHIM_SUM);
+    } else if (kind == 4) {
+        /* a barrier sends no message through the host gate: the check must
+         * still tell (host_gate.h) */
+        st = rank == 0 ? dshim_barrier(comm) : dshim_allreduce(comm, buf, buf, 100, DSHIM_FLOAT32, DSHIM_SUM);
     } else {
         /* the same total, cut differently: sizes differ, not the signature */
         const size_t cuts[2][2] = {{100, 200}, {200, 100}};
@@ -136,10 +140,10 @@ static int body_mismatch(int rank, int size, int port, void *arg)
     return 0;
 }
 
-static void run_mismatch(int kind, const char *must1, const char *must2)
+static void run_mismatch_env(int kind, const char *must1, const char *must2, const char *const *env)
 {
     test_rank_result_t res[2];
-    int rc = test_run_ranks(2, body_mismatch, &kind, transport_env_shm, 30.0, res);
+    int rc = test_run_ranks(2, body_mismatch, &kind, env, 30.0, res);
     ck_assert_int_eq(rc, 0);
     int named = 0;
     for (int r = 0; r < 2; r++) {
@@ -156,6 +160,11 @@ static void run_mismatch(int kind, const char *must1, const char *must2)
     ck_assert_msg(named, "one rank's error must name both calls (%s, %s)", must1, must2);
 }
 
+static void run_mismatch(int kind, const char *must1, const char *must2)
+{
+    run_mismatch_env(kind, must1, must2, transport_env_shm);
+}
+
 START_TEST(test_mismatched_count)
 {
     run_mismatch(0, "1000 x float32", "2000 x float32");
@@ -165,6 +174,19 @@ END_TEST
 START_TEST(test_mismatched_kind)
 {
     run_mismatch(1, "allreduce", "broadcast");
+}
+END_TEST
+
+START_TEST(test_mismatched_barrier_gate)
+{
+    run_mismatch(4, "barrier #0", "allreduce #0 (100 x float32");
+}
+END_TEST
+
+START_TEST(test_mismatched_barrier_messages)
+{
+    const char *env[] = {"DSHIM_TRANSPORT=shm", "DSHIM_TIMEOUT=60", "DSHIM_SHM_BARRIER=0", NULL};
+    run_mismatch_env(4, "barrier #0", "allreduce #0 (100 x float32", env);
 }
 END_TEST
 
@@ -465,6 +487,98 @@ START_TEST(test_sender_exits_during_handshake)
         }
         ck_assert_msg(ok, "run %d of 60: the receiver failed although the sender's connection carried its data", i);
     }
+}
+END_TEST
+
+/* ---- the barrier in shared memory (host gate) ---------------------------- */
+
+/* Three ranks of one host in barriers, which go through the host gate (one
+ * shared counter, no message: host_gate.h).  Before its 6th barrier the
+ * victim (rank 2, or rank 0, whose shared memory holds the gate) is killed,
+ * is late by 6 s (DSHIM_TIMEOUT=2), or aborts the communicator. */
+enum { GATE_KILLED, GATE_LATE, GATE_ABORT, GATE_OWNER_KILLED };
+
+static int body_gate(int rank, int size, int port, void *arg)
+{
+    int mode = *(int *)arg;
+    int victim = mode == GATE_OWNER_KILLED ? 0 : size - 1;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    for (int it = 0; it < 10; it++) {
+        if (rank == victim && it == 5) {
+            if (mode == GATE_KILLED || mode == GATE_OWNER_KILLED) {
+                kill(getpid(), SIGKILL);
+            } else if (mode == GATE_LATE) {
+                sleep_s(6.0);
+            } else {
+                dshim_comm_abort(comm, "test abort");
+                dshim_comm_destroy(comm);
+                return 0;
+            }
+        }
+        double t0 = dshim_now();
+        dshim_status_t st = dshim_barrier(comm);
+        if (st != DSHIM_OK) {
+            fprintf(stderr, "ERROR after %.2f s: %s\n", dshim_now() - t0, dshim_last_error());
+            dshim_comm_destroy(comm);
+            return 3;
+        }
+    }
+    dshim_comm_destroy(comm);
+    return 0;
+}
+
+/* The ranks other than the victim fail within `within` s of its end (or of
+ * the start, for a late one) with an error holding `must`. */
+static void run_gate(int mode, const char *must, const char *must2, double within)
+{
+    const char *env[] = {"DSHIM_TRANSPORT=shm", mode == GATE_LATE ? "DSHIM_TIMEOUT=2" : "DSHIM_TIMEOUT=60", NULL};
+    test_rank_result_t res[3];
+    int victim = mode == GATE_OWNER_KILLED ? 0 : 2;
+    int rc = test_run_ranks(3, body_gate, &mode, env, 30.0, res);
+    ck_assert_int_eq(rc, 0);
+    for (int r = 0; r < 3; r++) {
+        if (r == victim) {
+            continue;
+        }
+        int ok = res[r].exited && res[r].code == 3 && strstr(res[r].err, must) && strstr(res[r].err, must2) &&
+                 res[r].seconds - (mode == GATE_LATE ? 0 : res[victim].seconds) < within;
+        if (!ok) {
+            dump(res, 3);
+        }
+        ck_assert_msg(ok, "rank %d must fail within %.0f s naming '%s' and '%s'", r, within, must, must2);
+    }
+    if (mode == GATE_KILLED || mode == GATE_OWNER_KILLED) {
+        ck_assert(!res[victim].exited && res[victim].code == SIGKILL);
+    } else if (mode == GATE_LATE) {
+        /* it comes to a barrier the others failed: told, not hung */
+        ck_assert(res[victim].exited && res[victim].code == 3);
+    }
+}
+
+START_TEST(test_gate_rank_killed)
+{
+    run_gate(GATE_KILLED, "rank 2 (host", "exited before it arrived at the barrier", 5.0);
+}
+END_TEST
+
+START_TEST(test_gate_owner_killed)
+{
+    run_gate(GATE_OWNER_KILLED, "rank 0 (host", "exited before it arrived at the barrier", 5.0);
+}
+END_TEST
+
+START_TEST(test_gate_timeout_names_missing_rank)
+{
+    run_gate(GATE_LATE, "did not arrive at this collective: 2", "timeout", 10.0);
+}
+END_TEST
+
+START_TEST(test_gate_abort_reaches_waiters)
+{
+    run_gate(GATE_ABORT, "rank 2 (host", "failed the communicator", 5.0);
 }
 END_TEST
 
@@ -1056,6 +1170,12 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_rank_killed_tcp);
     tcase_add_test(tc, test_mismatched_count);
     tcase_add_test(tc, test_mismatched_kind);
+    tcase_add_test(tc, test_mismatched_barrier_gate);
+    tcase_add_test(tc, test_mismatched_barrier_messages);
+    tcase_add_test(tc, test_gate_rank_killed);
+    tcase_add_test(tc, test_gate_owner_killed);
+    tcase_add_test(tc, test_gate_timeout_names_missing_rank);
+    tcase_add_test(tc, test_gate_abort_reaches_waiters);
     tcase_add_test(tc, test_mismatched_dtype);
     tcase_add_test(tc, test_mismatched_reduce_scatterv_counts);
     tcase_add_test(tc, test_timeout_names_missing_rank);

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "transport/shm/shm_copy.h"
+#include "transport/shm/shm_layout.h"
 #include "transport/shm/shm_ring.h"
 
 #define MIB ((size_t)1 << 20)
@@ -687,11 +688,58 @@ START_TEST(test_segment_lifecycle)
 }
 END_TEST
 
+/* The host area: zero-filled, the same memory through every mapping, and
+ * apart from the rings (filling it disturbs no ring). */
+START_TEST(test_segment_host_area)
+{
+    dshim_shm_seg_t *own = NULL, *peer = NULL;
+    const int nrings = 3;
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", nrings, 4096, &own), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", nrings, 4096, &peer), DSHIM_OK);
+    unsigned char *a = dshim_shm_seg_host_area(own), *b = dshim_shm_seg_host_area(peer);
+    size_t len = dshim_host_area_bytes(nrings);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_ne(a, b);
+    ck_assert_int_eq((uintptr_t)a % DSHIM_HOST_AREA_LINE, 0);
+    for (size_t i = 0; i < len; i++) {
+        ck_assert_int_eq(b[i], 0);
+    }
+    /* a message in ring 0 (0 -> 1) and ring 2, then the whole area written */
+    dshim_shm_ring_t r0, r2;
+    ck_assert_int_eq(dshim_shm_seg_ring(own, 0, &r0), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_ring(own, nrings - 1, &r2), DSHIM_OK);
+    dshim_shm_producer_t p0, p2;
+    dshim_shm_producer_init(&p0, &r0);
+    dshim_shm_producer_init(&p2, &r2);
+    ck_assert_uint_eq(dshim_shm_producer_write(&p0, "ring zero", 10), 10);
+    ck_assert_uint_eq(dshim_shm_producer_write(&p2, "ring two", 9), 9);
+    memset(a, 0xA5, len);
+    for (size_t i = 0; i < len; i++) {
+        ck_assert_int_eq(b[i], 0xA5);
+    }
+    ck_assert((unsigned char *)r0.head >= a + len);
+    dshim_shm_ring_t q0, q2;
+    ck_assert_int_eq(dshim_shm_seg_ring(peer, 0, &q0), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_ring(peer, nrings - 1, &q2), DSHIM_OK);
+    dshim_shm_consumer_t c0, c2;
+    dshim_shm_consumer_init(&c0, &q0);
+    dshim_shm_consumer_init(&c2, &q2);
+    char got[16];
+    ck_assert_uint_eq(dshim_shm_consumer_read(&c0, got, sizeof(got)), 10);
+    ck_assert_str_eq(got, "ring zero");
+    ck_assert_uint_eq(dshim_shm_consumer_read(&c2, got, sizeof(got)), 9);
+    ck_assert_str_eq(got, "ring two");
+    dshim_shm_seg_detach(peer);
+    dshim_shm_seg_detach(own);
+}
+END_TEST
+
 START_TEST(test_segment_garbage)
 {
     dshim_shm_seg_t *bad = NULL, *own = NULL;
-    /* the size a 2 x 4096 segment has, but random contents */
-    size_t len = 256 + 2 * (256 + 4096);
+    /* the size a 2 x 4096 segment has (header and doorbell lines, the host
+     * area, two rings), but random contents */
+    size_t len = 256 + dshim_host_area_bytes(2) + 2 * (256 + 4096);
     unsigned char *junk = malloc(len);
     uint64_t rng = 12345;
     ck_assert_ptr_nonnull(junk);
@@ -996,6 +1044,7 @@ static Suite *shm_suite(void)
     tcase_add_checked_fixture(tc, remove_known_files, NULL);
     tcase_add_test(tc, test_segment_lifecycle);
     tcase_add_test(tc, test_segment_garbage);
+    tcase_add_test(tc, test_segment_host_area);
     tcase_add_test(tc, test_segment_invalid);
     tcase_add_test(tc, test_loopback_semantics);
     tcase_add_test(tc, test_doorbell_timeout);

@@ -4,6 +4,9 @@
  * first use: a rank maps only the inboxes of the peers it talks to) and the
  * doorbell of the inbox, on which the engine sleeps.
  *
+ * The inbox also holds the host area (transport.h host_area): the ranks of
+ * the host use their lowest rank's, mapped with its inbox.
+ *
  * The inbox file is removed right after it is created and mapped; its
  * descriptor stays open, and peers open the file through it
  * (/proc/PID/fd/FD, published in the peer record).  Connections are made at
@@ -117,14 +120,25 @@ dshim_status_t dshim_shm_comm_connect(void *state, const dshim_transport_peer_t 
 {
     shm_comm_t *sc = state;
     DSHIM_CHECK(hold_inbox(sc, peer));
-    dshim_status_t st = dshim_shm_conn_create(sc->inbox, sc->peer_inbox[peer->rank], sc->rank, peer->rank, fd, conn_p);
-    if (st != DSHIM_OK) {
-        pthread_mutex_lock(&sc->inbox_lock);
-        dshim_shm_seg_detach(sc->peer_inbox[peer->rank]);
-        sc->peer_inbox[peer->rank] = NULL;
-        pthread_mutex_unlock(&sc->inbox_lock);
+    /* a failure keeps the mapping until teardown: the host area in it may
+     * be in use by the other thread */
+    return dshim_shm_conn_create(sc->inbox, sc->peer_inbox[peer->rank], sc->rank, peer->rank, fd, conn_p);
+}
+
+dshim_status_t dshim_shm_comm_host_area(void *state, const dshim_transport_peer_t *owner, void **area_p)
+{
+    shm_comm_t *sc = state;
+    *area_p = NULL;
+    if (sc == NULL) {
+        return dshim_error(DSHIM_ERR_INVALID, "shm: no host area: this rank has no shared memory");
     }
-    return st;
+    if (owner->rank == sc->rank) {
+        *area_p = dshim_shm_seg_host_area(sc->inbox);
+        return DSHIM_OK;
+    }
+    DSHIM_CHECK(hold_inbox(sc, owner));
+    *area_p = dshim_shm_seg_host_area(sc->peer_inbox[owner->rank]);
+    return DSHIM_OK;
 }
 
 void dshim_shm_comm_teardown(void *state)

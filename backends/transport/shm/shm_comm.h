@@ -15,6 +15,7 @@ dshim_status_t dshim_shm_comm_connect(void *state, const dshim_transport_peer_t 
                                       dshim_conn_t **conn_p);
 void dshim_shm_comm_prepare(void *state, const dshim_transport_peer_t *peer);
 void dshim_shm_comm_teardown(void *state);
+dshim_status_t dshim_shm_comm_host_area(void *state, const dshim_transport_peer_t *owner, void **area_p);
 uint32_t dshim_shm_comm_wait_arm(void *state);
 dshim_status_t dshim_shm_comm_wait(void *state, uint32_t armed, long timeout_us);
 void dshim_shm_comm_wait_disarm(void *state);

@@ -177,6 +177,7 @@ const dshim_transport_t dshim_transport_shm = {
     .connect     = dshim_shm_comm_connect,
     .prepare     = dshim_shm_comm_prepare,
     .teardown    = dshim_shm_comm_teardown,
+    .host_area   = dshim_shm_comm_host_area,
     .wait_arm    = dshim_shm_comm_wait_arm,
     .wait        = dshim_shm_comm_wait,
     .wait_disarm = dshim_shm_comm_wait_disarm,

@@ -7,6 +7,9 @@
  *
  *   line 0            header: magic, version, nrings, ring_size
  *   line 1            doorbell (u32) + sleepers (u32)
+ *   host area         dshim_host_area_bytes(nrings), rounded up to lines
+ *                     (transport.h host_area; only the host's lowest rank's
+ *                     is used, and pages nobody touches cost nothing)
  *   per ring i:       head line (producer position, u64)
  *                     tail line (consumer position, u64)
  *                     data (ring_size bytes)
@@ -28,7 +31,7 @@
 
 #define DSHIM_SHM_LINE      128
 #define DSHIM_SHM_MAGIC     0x314d48534d494844ULL /* "DHIMSHM1" little-endian */
-#define DSHIM_SHM_VERSION   1u
+#define DSHIM_SHM_VERSION   2u /* 2: the host area */
 #define DSHIM_SHM_MIN_RING  4096u
 #define DSHIM_SHM_MAX_RING  ((size_t)1 << 30)
 #define DSHIM_SHM_MAX_RINGS 65536

@@ -66,6 +66,16 @@ static size_t ring_stride(size_t ring_size)
     return 2 * DSHIM_SHM_LINE + ring_size;
 }
 
+/* Where the rings begin: after the header, the doorbell and the host area. */
+static size_t rings_offset(int nrings)
+{
+    size_t area = dshim_host_area_bytes(nrings);
+    return 2 * DSHIM_SHM_LINE + (area + DSHIM_SHM_LINE - 1) / DSHIM_SHM_LINE * DSHIM_SHM_LINE;
+}
+
+_Static_assert(DSHIM_HOST_AREA_LINE <= DSHIM_SHM_LINE && DSHIM_SHM_LINE % DSHIM_HOST_AREA_LINE == 0,
+               "the host area's lines must stay aligned in the segment");
+
 static dshim_status_t check_geometry(const char *dir, const char *name, int nrings, size_t ring_size)
 {
     if (dir == NULL || dir[0] == '\0') {
@@ -105,7 +115,7 @@ static dshim_status_t seg_alloc(const char *dir, const char *name, int nrings, s
     seg->fd = -1;
     seg->nrings = nrings;
     seg->ring_size = ring_size;
-    seg->map_bytes = 2 * DSHIM_SHM_LINE + (size_t)nrings * ring_stride(ring_size);
+    seg->map_bytes = rings_offset(nrings) + (size_t)nrings * ring_stride(ring_size);
     *seg_p = seg;
     return DSHIM_OK;
 }
@@ -321,13 +331,18 @@ void dshim_shm_seg_detach(dshim_shm_seg_t *seg)
     seg_free(seg);
 }
 
+void *dshim_shm_seg_host_area(dshim_shm_seg_t *seg)
+{
+    return seg->base + 2 * DSHIM_SHM_LINE;
+}
+
 dshim_status_t dshim_shm_seg_ring(dshim_shm_seg_t *seg, int index, dshim_shm_ring_t *ring_p)
 {
     if (seg == NULL || index < 0 || index >= seg->nrings) {
         return dshim_error(DSHIM_ERR_INVALID, "shm: ring %d does not exist in segment %s (%d rings)", index,
                            seg ? seg->path : "(null)", seg ? seg->nrings : 0);
     }
-    unsigned char *r = seg->base + 2 * DSHIM_SHM_LINE + (size_t)index * ring_stride(seg->ring_size);
+    unsigned char *r = seg->base + rings_offset(seg->nrings) + (size_t)index * ring_stride(seg->ring_size);
     ring_p->head = (uint64_t *)r;
     ring_p->tail = (uint64_t *)(r + DSHIM_SHM_LINE);
     ring_p->data = r + 2 * DSHIM_SHM_LINE;

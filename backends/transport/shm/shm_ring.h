@@ -42,6 +42,8 @@ int dshim_shm_seg_fd(const dshim_shm_seg_t *seg);
 /* Removes the file (mappings stay valid, and so does the owner's descriptor). */
 void dshim_shm_seg_unlink(dshim_shm_seg_t *seg);
 void dshim_shm_seg_detach(dshim_shm_seg_t *seg);
+/* The segment's host area (transport.h host_area): dshim_host_area_bytes(nrings). */
+void *dshim_shm_seg_host_area(dshim_shm_seg_t *seg);
 
 /* Connection my_rank <-> peer_rank.  Sends go to peer_inbox's ring number
  * my_rank; receives come from my_inbox's ring number peer_rank.  The

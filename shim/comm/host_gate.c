@@ -1,0 +1,331 @@
+/* The host gate (see host_gate.h). */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "host_gate.h"
+#include "log.h"
+#include "net.h"
+#include "status.h"
+#include "xfer.h"
+
+typedef struct gate_counter {
+    uint64_t arrivals;
+} gate_counter_t;
+
+typedef struct gate_door {
+    uint32_t open;     /* the last episode opened (its low 32 bits): the futex word */
+    uint32_t sleepers; /* ranks in (or about to enter) a futex wait on `open` */
+    int32_t failed;    /* 1 + the rank that failed the communicator; 0 */
+} gate_door_t;
+
+typedef struct gate_slot {
+    uint64_t episode;  /* the last episode this rank arrived at */
+    uint64_t seq;      /* the collective number of that barrier */
+} gate_slot_t;
+
+_Static_assert(sizeof(gate_counter_t) <= DSHIM_HOST_AREA_LINE && sizeof(gate_door_t) <= DSHIM_HOST_AREA_LINE &&
+                   sizeof(gate_slot_t) <= DSHIM_HOST_AREA_LINE,
+               "each part of the gate must fit its line of the host area");
+
+static gate_counter_t *gate_counter(void *area)
+{
+    return (gate_counter_t *)area;
+}
+
+static gate_door_t *gate_door(void *area)
+{
+    return (gate_door_t *)((unsigned char *)area + DSHIM_HOST_AREA_LINE);
+}
+
+static gate_slot_t *gate_slot(void *area, int r)
+{
+    return (gate_slot_t *)((unsigned char *)area + (size_t)(2 + r) * DSHIM_HOST_AREA_LINE);
+}
+
+void dshim_host_gate_plan(dshim_comm_t *comm)
+{
+    comm->gate_transport = -1;
+    if (comm->size < 2 || !dshim_config()->shm_barrier) {
+        return;
+    }
+    uint64_t host = comm->peers[comm->rank].host_id;
+    for (int r = 0; r < comm->size; r++) {
+        if (comm->peers[r].host_id != host) {
+            return;
+        }
+    }
+    for (int i = 0; i < dshim_transport_count(); i++) {
+        const dshim_transport_t *t = dshim_transport_at(i);
+        if (!t->host_local || !t->host_area) {
+            continue;
+        }
+        int all = 1;
+        for (int r = 0; r < comm->size && all; r++) {
+            all = comm->peers[r].transport_addr[i][0] != 0;
+        }
+        if (all) {
+            comm->gate_transport = i;
+            return;
+        }
+    }
+}
+
+/* The gate's memory: rank 0's host area, mapped on first use. */
+static dshim_status_t gate_area(dshim_comm_t *comm, void **area_p)
+{
+    void *area = __atomic_load_n(&comm->gate, __ATOMIC_ACQUIRE);
+    if (area) {
+        *area_p = area;
+        return DSHIM_OK;
+    }
+    int i = comm->gate_transport;
+    const dshim_peer_info_t *me = &comm->peers[comm->rank];
+    dshim_transport_peer_t owner = {.rank = 0, .same_host = 1, .ip = comm->peers[0].ip, .my_ip = me->ip,
+                                    .addr = comm->peers[0].transport_addr[i]};
+    DSHIM_CHECK(dshim_transport_at(i)->host_area(comm->transport_state[i], &owner, &area));
+    __atomic_store_n(&comm->gate, area, __ATOMIC_RELEASE);
+    *area_p = area;
+    return DSHIM_OK;
+}
+
+static long futex_call(uint32_t *word, int op, uint32_t val, const struct timespec *ts)
+{
+    /* not FUTEX_PRIVATE: the word is shared between processes */
+    return syscall(SYS_futex, word, op, val, ts, NULL, 0);
+}
+
+/* Whether the episode is open: `open` has reached it (32-bit wrap-around). */
+static int is_open(gate_door_t *door, uint64_t episode)
+{
+    return (int32_t)(__atomic_load_n(&door->open, __ATOMIC_ACQUIRE) - (uint32_t)episode) >= 0;
+}
+
+/* Whether process pid has exited (a zombie included: its parent may not
+ * have reaped it yet).  Ranks of one gate share the host and /proc. */
+static int process_gone(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f) {
+        return errno == ENOENT || errno == ESRCH;
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *paren = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+/* The ranks that have not arrived at the episode, as "2, 5"; *first_gone
+ * = one of them whose process has exited (-1: none; looked for only when
+ * first_gone is given). */
+static void missing_ranks(dshim_comm_t *comm, void *area, uint64_t episode, char *out, size_t len, int *first_gone)
+{
+    size_t o = 0;
+    out[0] = 0;
+    if (first_gone) {
+        *first_gone = -1;
+    }
+    for (int r = 0; r < comm->size; r++) {
+        if (__atomic_load_n(&gate_slot(area, r)->episode, __ATOMIC_ACQUIRE) >= episode) {
+            continue;
+        }
+        if (first_gone && *first_gone < 0 && process_gone(comm->peers[r].pid)) {
+            *first_gone = r;
+        }
+        if (o + 16 < len) {
+            o += (size_t)snprintf(out + o, len - o, "%s%d", o ? ", " : "", r);
+        }
+    }
+}
+
+/* The recorder's entry of the barrier waits for the ranks not arrived. */
+static void trace_waiting(dshim_comm_t *comm, void *area, uint64_t episode)
+{
+    int ranks[DSHIM_TRACE_WAIT_MAX], k = 0;
+    for (int r = 0; r < comm->size && k < DSHIM_TRACE_WAIT_MAX; r++) {
+        if (__atomic_load_n(&gate_slot(area, r)->episode, __ATOMIC_ACQUIRE) < episode) {
+            ranks[k++] = r;
+        }
+    }
+    dshim_trace_waiting(comm->trace, comm->trace_op, ranks, k);
+}
+
+/* Opens the episode: every rank has arrived. */
+static void open_gate(gate_door_t *door, uint64_t episode)
+{
+    /* seq_cst store then seq_cst load, against a sleeper's seq_cst add to
+     * `sleepers` then load of `open`: one of the two sees the other (no
+     * lost wake-up), and while nobody sleeps opening costs no system call */
+    __atomic_store_n(&door->open, (uint32_t)episode, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&door->sleepers, __ATOMIC_SEQ_CST) != 0) {
+        futex_call(&door->open, FUTEX_WAKE, INT_MAX, NULL);
+    }
+}
+
+/* Sleeps until the episode opens, the gate is failed, or timeout_ms. */
+static void sleep_on_gate(gate_door_t *door, uint64_t episode, int timeout_ms)
+{
+    __atomic_add_fetch(&door->sleepers, 1, __ATOMIC_SEQ_CST);
+    uint32_t seen = __atomic_load_n(&door->open, __ATOMIC_SEQ_CST);
+    if ((int32_t)(seen - (uint32_t)episode) < 0 && __atomic_load_n(&door->failed, __ATOMIC_SEQ_CST) == 0) {
+        struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+        futex_call(&door->open, FUTEX_WAIT, seen, &ts); /* woken, timed out or EAGAIN: the caller looks again */
+    }
+    __atomic_sub_fetch(&door->sleepers, 1, __ATOMIC_SEQ_CST);
+}
+
+/* How often a sleeping rank looks at the ranks that have not arrived (did
+ * one exit?): the death of a rank that sends no message is seen this late
+ * at most (a peer's socket tells the message-based algorithms at once). */
+#define GATE_LOOK_MS 50
+
+/* The gate is not open after the spin: sleep, looking every GATE_LOOK_MS
+ * for a failed communicator, a rank that exited, the timeout and the
+ * stall warnings, as dshim_xfer does for a step. */
+static dshim_status_t wait_slow(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *area, uint64_t episode,
+                                double start)
+{
+    gate_door_t *door = gate_door(area);
+    const double stall_s = dshim_config()->stall_warn_s;
+    double warn_after = stall_s;
+    int traced = 0;
+    while (!is_open(door, episode)) {
+        if (__atomic_load_n(&comm->error, __ATOMIC_ACQUIRE) != DSHIM_OK) {
+            dshim_error_set_raw(comm->errmsg);
+            return comm->error;
+        }
+        /* a rank that exited first: when its death made another rank fail
+         * the communicator, the death is the news */
+        char missing[384];
+        int gone = -1;
+        missing_ranks(comm, area, episode, missing, sizeof(missing), &gone);
+        if (gone >= 0) {
+            char who[160];
+            dshim_comm_describe_peer(comm, gone, who, sizeof(who));
+            dshim_error_quiet(DSHIM_ERR_PEER, "%s exited before it arrived at the barrier (ranks that did not "
+                              "arrive at this collective: %s)", who, missing);
+            return dshim_xfer_fail(comm, sig, DSHIM_ERR_PEER);
+        }
+        int failed = __atomic_load_n(&door->failed, __ATOMIC_ACQUIRE);
+        if (failed > 0 && failed - 1 != comm->rank) {
+            char who[160];
+            dshim_comm_describe_peer(comm, failed - 1, who, sizeof(who));
+            dshim_error_quiet(DSHIM_ERR_PEER, "%s failed the communicator while this rank waited for it in the "
+                              "barrier (its error is in its log)", who);
+            return dshim_xfer_fail(comm, sig, DSHIM_ERR_PEER);
+        }
+        double waited = dshim_now() - start;
+        if (waited > comm->timeout_s) {
+            dshim_error_quiet(DSHIM_ERR_TIMEOUT,
+                              "did not complete within %g s " DSHIM_TIMEOUT_WHY " while waiting in the barrier "
+                              "(shared memory); ranks that did not arrive at this collective: %s",
+                              comm->timeout_s, missing[0] ? missing : "none known (check the other ranks' logs)");
+            return dshim_xfer_fail(comm, sig, DSHIM_ERR_TIMEOUT);
+        }
+        if (stall_s > 0 && waited >= warn_after) {
+            DSHIM_WARN("rank %d (host %s): barrier #%" PRIu64 " has made no progress for %.0f s while waiting in "
+                       "shared memory; ranks that have not arrived at it: %s; it fails after %g s without progress "
+                       "(the communicator's timeout; DSHIM_STALL_WARN sets how often this is said)",
+                       comm->rank, comm->peers[comm->rank].hostname, sig->seq, waited, missing, comm->timeout_s);
+            warn_after += stall_s;
+        }
+        if (comm->trace && !traced) {
+            trace_waiting(comm, area, episode);
+            traced = 1;
+        }
+        double left_ms = (comm->timeout_s - waited) * 1000;
+        sleep_on_gate(door, episode, left_ms < GATE_LOOK_MS ? (int)left_ms + 1 : GATE_LOOK_MS);
+    }
+    if (traced) {
+        dshim_trace_moving(comm->trace, comm->trace_op);
+    }
+    return DSHIM_OK;
+}
+
+dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_t *sig)
+{
+    void *area;
+    dshim_status_t st = gate_area(comm, &area);
+    if (st != DSHIM_OK) {
+        return dshim_xfer_fail(comm, sig, st);
+    }
+    uint64_t episode = ++comm->gate_episode;
+    gate_slot_t *mine = gate_slot(area, comm->rank);
+    __atomic_store_n(&mine->seq, sig->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&mine->episode, episode, __ATOMIC_RELEASE);
+    gate_door_t *door = gate_door(area);
+    /* acq_rel: the last arrival sees every rank's writes before the barrier
+     * (their release by this add), and publishes them with the open */
+    uint64_t before = __atomic_fetch_add(&gate_counter(area)->arrivals, 1, __ATOMIC_ACQ_REL);
+    if (before + 1 == episode * (uint64_t)comm->size) {
+        open_gate(door, episode);
+        return DSHIM_OK;
+    }
+    /* the spin: as long as dshim_xfer's, yielding on every look when ranks
+     * outnumber cores (the ranks that are late need this core), else a
+     * pause per look and the clock read every 8th */
+    const double spin_s = (double)comm->spin_us * 1e-6;
+    double start = dshim_now();
+    for (unsigned loop = 0;; loop++) {
+        if (is_open(door, episode)) {
+            return DSHIM_OK;
+        }
+        if ((loop & 7) == 7 || comm->spin_yields) {
+            if (dshim_now() - start >= spin_s) {
+                break;
+            }
+        }
+        if (comm->spin_yields || (loop & 63) == 63) {
+            sched_yield();
+        } else {
+            __builtin_ia32_pause();
+        }
+    }
+    return wait_slow(comm, sig, area, episode, start);
+}
+
+int dshim_host_gate_in_barrier(dshim_comm_t *comm, uint64_t seq)
+{
+    if (comm->gate_transport < 0) {
+        return -1;
+    }
+    void *area = __atomic_load_n(&comm->gate, __ATOMIC_ACQUIRE);
+    if (!area && gate_area(comm, &area) != DSHIM_OK) {
+        return -1;
+    }
+    for (int r = 0; r < comm->size; r++) {
+        gate_slot_t *slot = gate_slot(area, r);
+        if (r != comm->rank && __atomic_load_n(&slot->episode, __ATOMIC_ACQUIRE) != 0 &&
+            __atomic_load_n(&slot->seq, __ATOMIC_RELAXED) == seq) {
+            return r;
+        }
+    }
+    return -1;
+}
+
+void dshim_host_gate_fail(dshim_comm_t *comm)
+{
+    if (comm->gate_transport < 0) {
+        return;
+    }
+    void *area = __atomic_load_n(&comm->gate, __ATOMIC_ACQUIRE);
+    if (!area && gate_area(comm, &area) != DSHIM_OK) {
+        return; /* the waiters will see this rank exit, or time out */
+    }
+    gate_door_t *door = gate_door(area);
+    int32_t none = 0;
+    if (__atomic_compare_exchange_n(&door->failed, &none, comm->rank + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        futex_call(&door->open, FUTEX_WAKE, INT_MAX, NULL);
+    }
+}
