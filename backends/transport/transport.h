@@ -103,12 +103,14 @@
 #define DSHIM_TRANSPORT_ADDR_LEN 64  /* bytes of the peer record each transport may publish into */
 
 /* The host area (host_area below): two lines of words every rank of the
- * host writes, then a line per rank; 128-byte lines, so that the adjacent-
- * line prefetcher does not make two ranks' lines share fate. */
+ * host writes, then a line per rank (128-byte lines, so that the adjacent-
+ * line prefetcher does not make two ranks' lines share fate), then a data
+ * block per rank and one for a result. */
 #define DSHIM_HOST_AREA_LINE 128
+#define DSHIM_HOST_AREA_DATA ((size_t)64 << 10)
 static inline size_t dshim_host_area_bytes(int size)
 {
-    return ((size_t)size + 2) * DSHIM_HOST_AREA_LINE;
+    return ((size_t)size + 2) * DSHIM_HOST_AREA_LINE + ((size_t)size + 1) * DSHIM_HOST_AREA_DATA;
 }
 
 typedef struct dshim_conn dshim_conn_t;

@@ -4,7 +4,8 @@
  * An operation in flight already fails when a peer dies (dshim's engine sees
  * the connection close).  A watchdog polling an idle communicator must learn
  * it too, so every poll (at most every 50 ms) looks, without reading, for a
- * hang-up on each peer's socket.  A peer that left cleanly (destroy, abort,
+ * hang-up on each peer's socket (and, where ranks of one host meet in
+ * shared memory without connections, whether one of them exited).  A peer that left cleanly (destroy, abort,
  * normal exit) first said so (dshim_hook_announce_leave): its hang-up is
  * not an error.  Any other hang-up fails the communicator, which also makes
  * the other ranks notice at once.  The test itself is the core's

@@ -86,6 +86,34 @@ static inline int dshim_allreduce_rabenseifner_fits(const dshim_comm_t *comm, si
            count >= (size_t)comm->size && bytes > comm->small_msg_bytes && bytes <= DSHIM_RABENSEIFNER_MAX_BYTES;
 }
 
+/* Where auto runs an allreduce through the host gate (host_gate.h): every
+ * rank on one host with shared memory, more ranks than cores, and up to
+ * 16 KiB, or 64 KiB from 8 ranks on.  The gate is one round whatever N,
+ * where messages take log2 N rounds (or two for the direct algorithm), each
+ * waiting for ranks to be scheduled; but its reduction is one rank's pass
+ * over N inputs, which the others wait for.  Measured on 2 cores (paired,
+ * time with messages over the gate's): N = 4 4 / 16 / 32 / 64 KiB 1.60 /
+ * 1.46 / 1.01 / 0.65, N = 8 2.22 / 1.79 / 2.10 / 2.61; N = 16 and 32 3-10x
+ * (docs/benchmarks.md, "The host gate").  With a core per rank the
+ * messages of all ranks move at once and the gate's serial pass would
+ * lose (N = 2: 4 KiB 3.8 against 1.2 us): not used there. */
+#define DSHIM_GATE_ALLREDUCE_MAX_BYTES ((size_t)64 << 10)
+#define DSHIM_GATE_ALLREDUCE_FEW_RANKS_MAX_BYTES ((size_t)16 << 10)
+#define DSHIM_GATE_ALLREDUCE_MANY_RANKS 8
+_Static_assert(DSHIM_GATE_ALLREDUCE_MAX_BYTES <= DSHIM_HOST_AREA_DATA, "the host gate's data blocks are too small");
+
+static inline int dshim_allreduce_gate_fits(const dshim_comm_t *comm, size_t bytes)
+{
+    if (comm->gate_transport < 0 || bytes > DSHIM_GATE_ALLREDUCE_MAX_BYTES) {
+        return 0;
+    }
+    if (comm->algo == DSHIM_ALGO_GATE) {
+        return 1;
+    }
+    return comm->algo == DSHIM_ALGO_AUTO && comm->spin_yields &&
+           (comm->size >= DSHIM_GATE_ALLREDUCE_MANY_RANKS || bytes <= DSHIM_GATE_ALLREDUCE_FEW_RANKS_MAX_BYTES);
+}
+
 /* Which allreduce algorithm runs a request: decided here once, for
  * dshim_algo_allreduce and for the flight recorder's entry. */
 typedef enum {
@@ -94,7 +122,8 @@ typedef enum {
     DSHIM_AR_RD,
     DSHIM_AR_RING,
     DSHIM_AR_DIRECT,
-    DSHIM_AR_RABENSEIFNER
+    DSHIM_AR_RABENSEIFNER,
+    DSHIM_AR_GATE
 } dshim_ar_choice_t;
 static inline dshim_ar_choice_t dshim_allreduce_choice(const dshim_comm_t *comm, const dshim_request_t *req)
 {
@@ -102,24 +131,29 @@ static inline dshim_ar_choice_t dshim_allreduce_choice(const dshim_comm_t *comm,
     if (req->count == 0 || comm->size == 1) {
         return DSHIM_AR_NONE;
     }
+    if (dshim_allreduce_gate_fits(comm, bytes)) {
+        return DSHIM_AR_GATE;
+    }
+    /* DSHIM_ALGO=gate where the gate cannot serve: auto's choice */
+    int algo = comm->algo == DSHIM_ALGO_GATE ? DSHIM_ALGO_AUTO : comm->algo;
     if (comm->local &&
-        (comm->algo == DSHIM_ALGO_HIER || (comm->algo == DSHIM_ALGO_AUTO && bytes > comm->small_msg_bytes))) {
+        (algo == DSHIM_ALGO_HIER || (algo == DSHIM_ALGO_AUTO && bytes > comm->small_msg_bytes))) {
         return DSHIM_AR_HIER;
     }
-    if (comm->algo == DSHIM_ALGO_DIRECT) {
+    if (algo == DSHIM_ALGO_DIRECT) {
         return DSHIM_AR_DIRECT;
     }
-    if (comm->algo == DSHIM_ALGO_RABENSEIFNER) {
+    if (algo == DSHIM_ALGO_RABENSEIFNER) {
         return DSHIM_AR_RABENSEIFNER;
     }
-    if (comm->algo == DSHIM_ALGO_AUTO && dshim_allreduce_direct_fits(comm, bytes, req->count)) {
+    if (algo == DSHIM_ALGO_AUTO && dshim_allreduce_direct_fits(comm, bytes, req->count)) {
         return DSHIM_AR_DIRECT;
     }
-    if (comm->algo == DSHIM_ALGO_AUTO && dshim_allreduce_rabenseifner_fits(comm, bytes, req->count)) {
+    if (algo == DSHIM_ALGO_AUTO && dshim_allreduce_rabenseifner_fits(comm, bytes, req->count)) {
         return DSHIM_AR_RABENSEIFNER;
     }
-    if (comm->algo == DSHIM_ALGO_RD ||
-        (comm->algo == DSHIM_ALGO_AUTO && (bytes <= comm->small_msg_bytes || req->count < (size_t)comm->size))) {
+    if (algo == DSHIM_ALGO_RD ||
+        (algo == DSHIM_ALGO_AUTO && (bytes <= comm->small_msg_bytes || req->count < (size_t)comm->size))) {
         return DSHIM_AR_RD;
     }
     return DSHIM_AR_RING;

@@ -1,13 +1,13 @@
-/* Allreduce: recursive doubling for small messages, pipelined ring for
- * large ones.  Every rank ends with bit-identical buffers: the ring computes
+/* Allreduce: through the host gate or by recursive doubling for small
+ * messages, pipelined ring for large ones (coll.h dshim_allreduce_choice).  Every rank ends with bit-identical buffers: the ring computes
  * each element exactly once and copies it around; recursive doubling always
  * combines operands in rank order (lower rank's partial first). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "coll.h"
-#include <stdio.h>
-
+#include "host_gate.h"
 #include "status.h"
 
 static int mod(int a, int n)
@@ -347,6 +347,8 @@ dshim_status_t dshim_algo_allreduce(dshim_comm_t *comm, dshim_request_t *req)
             memcpy(req->rbuf, req->sbuf, bytes);
         }
         return dshim_allreduce_rabenseifner(comm, &req->sig, req->rbuf, req->count);
+    case DSHIM_AR_GATE:
+        return dshim_host_gate_allreduce(comm, &req->sig, req->sbuf, req->rbuf, req->count);
     case DSHIM_AR_RING:
         break;
     }

@@ -560,6 +560,8 @@ const char *dshim_algo_name(const dshim_comm_t *comm, const dshim_request_t *req
             return "direct";
         case DSHIM_AR_RABENSEIFNER:
             return "rabenseifner";
+        case DSHIM_AR_GATE:
+            return "shm-gate";
         }
         return NULL;
     case DSHIM_COLL_BROADCAST:

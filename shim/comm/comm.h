@@ -147,7 +147,8 @@ struct dshim_comm {
      * host, through a counter in shared memory */
     int gate_transport;            /* registry entry whose host area holds it; -1: no gate */
     void *gate;                    /* that host area, mapped on first use (atomic: dshim_comm_fail reads it) */
-    uint64_t gate_episode;         /* barriers through it so far (executor only) */
+    uint64_t gate_episode;         /* calls through it so far (executor only) */
+    int gate_probe_next;           /* the next rank an idle probe looks at (atomic; hook_api.c) */
 
     /* hierarchy (only when ranks span several hosts and some host has
      * several): the ranks of my host, and the first rank of every host */
@@ -156,7 +157,15 @@ struct dshim_comm {
     int nhosts;
 };
 
-enum { DSHIM_ALGO_AUTO = 0, DSHIM_ALGO_RING, DSHIM_ALGO_RD, DSHIM_ALGO_HIER, DSHIM_ALGO_DIRECT, DSHIM_ALGO_RABENSEIFNER };
+enum {
+    DSHIM_ALGO_AUTO = 0,
+    DSHIM_ALGO_RING,
+    DSHIM_ALGO_RD,
+    DSHIM_ALGO_HIER,
+    DSHIM_ALGO_DIRECT,
+    DSHIM_ALGO_RABENSEIFNER,
+    DSHIM_ALGO_GATE
+};
 enum { DSHIM_CONN_NONE = 0, DSHIM_CONN_CONNECTING, DSHIM_CONN_READY };
 
 /* The connection to peer r, NULL when none was made yet. */

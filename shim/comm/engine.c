@@ -46,9 +46,10 @@ void dshim_engine_init(dshim_comm_t *comm)
                : !strcasecmp(a, "hier") ? DSHIM_ALGO_HIER
                : !strcasecmp(a, "direct") ? DSHIM_ALGO_DIRECT
                : !strcasecmp(a, "rabenseifner") ? DSHIM_ALGO_RABENSEIFNER
+               : !strcasecmp(a, "gate") ? DSHIM_ALGO_GATE
                                         : DSHIM_ALGO_AUTO;
     if (strcasecmp(a, "auto") && comm->algo == DSHIM_ALGO_AUTO) {
-        DSHIM_WARN("DSHIM_ALGO=%s is not one of auto, ring, rd, hier, direct, rabenseifner; using auto", a);
+        DSHIM_WARN("DSHIM_ALGO=%s is not one of auto, ring, rd, hier, direct, rabenseifner, gate; using auto", a);
     }
 }
 

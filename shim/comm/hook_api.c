@@ -7,6 +7,7 @@
 #include "comm.h"
 #include "dshim_hook.h"
 #include "engine.h"
+#include "host_gate.h"
 #include "status.h"
 #include "store.h"
 
@@ -139,6 +140,22 @@ dshim_status_t dshim_hook_probe_peers(dshim_comm_t *comm, unsigned char *left)
         dead = r;
         unknown = announced < 0;
     }
+    int exited = 0;
+    if (dead < 0 && comm->gate_transport >= 0 && comm->size > 1) {
+        /* ranks that meet in the host gate never connect: one of them per
+         * probe is looked up in /proc (every rank within size probes) */
+        int r = (int)((unsigned)__atomic_fetch_add(&comm->gate_probe_next, 1, __ATOMIC_RELAXED) % (unsigned)comm->size);
+        if (!left[r] && !dshim_comm_conn(comm, r) && dshim_host_gate_rank_exited(comm, r)) {
+            int announced = peer_announced_leave(comm, r);
+            if (announced == 1) {
+                left[r] = 1;
+            } else {
+                dead = r;
+                exited = 1;
+                unknown = announced < 0;
+            }
+        }
+    }
     if (dead < 0) {
         return DSHIM_OK;
     }
@@ -154,16 +171,16 @@ dshim_status_t dshim_hook_probe_peers(dshim_comm_t *comm, unsigned char *left)
         free(first);
         return dshim_hook_fail(comm, DSHIM_ERR_ABORTED, msg);
     }
+    const char *how = exited ? "exited" : "closed its connection";
     if (unknown) {
         snprintf(msg, sizeof(msg),
-                 "rank %d: %s closed its connection, and the rendezvous store is gone too (its host exited): "
-                 "the communicator cannot be used any more",
-                 comm->rank, who);
+                 "rank %d: %s %s, and the rendezvous store is gone too (its host exited): the communicator "
+                 "cannot be used any more",
+                 comm->rank, who, how);
     } else {
         snprintf(msg, sizeof(msg),
-                 "rank %d: %s closed its connection without leaving the communicator (it crashed, was killed "
-                 "or its host went away)",
-                 comm->rank, who);
+                 "rank %d: %s %s without leaving the communicator (it crashed, was killed or its host went away)",
+                 comm->rank, who, how);
     }
     return dshim_hook_fail(comm, DSHIM_ERR_PEER, msg);
 }

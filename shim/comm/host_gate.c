@@ -25,11 +25,16 @@ typedef struct gate_door {
     uint32_t open;     /* the last episode opened (its low 32 bits): the futex word */
     uint32_t sleepers; /* ranks in (or about to enter) a futex wait on `open` */
     int32_t failed;    /* 1 + the rank that failed the communicator; 0 */
+    int32_t differs;   /* 1 + a rank whose call differed from rank 0's (the last arrival saw it); 0 */
 } gate_door_t;
 
+/* What a rank called, written before it arrives (the check of the calls,
+ * who has not arrived, and the mismatch message). */
 typedef struct gate_slot {
     uint64_t episode;  /* the last episode this rank arrived at */
-    uint64_t seq;      /* the collective number of that barrier */
+    uint64_t seq;      /* the collective number of that call */
+    uint64_t count;
+    uint8_t coll, dtype, redop;
 } gate_slot_t;
 
 _Static_assert(sizeof(gate_counter_t) <= DSHIM_HOST_AREA_LINE && sizeof(gate_door_t) <= DSHIM_HOST_AREA_LINE &&
@@ -51,10 +56,17 @@ static gate_slot_t *gate_slot(void *area, int r)
     return (gate_slot_t *)((unsigned char *)area + (size_t)(2 + r) * DSHIM_HOST_AREA_LINE);
 }
 
+/* Rank r's data (r < size), or the result (r = size): DSHIM_HOST_AREA_DATA
+ * bytes each, after the lines. */
+static unsigned char *gate_data(void *area, int size, int r)
+{
+    return (unsigned char *)area + (size_t)(2 + size) * DSHIM_HOST_AREA_LINE + (size_t)r * DSHIM_HOST_AREA_DATA;
+}
+
 void dshim_host_gate_plan(dshim_comm_t *comm)
 {
     comm->gate_transport = -1;
-    if (comm->size < 2 || !dshim_config()->shm_barrier) {
+    if (comm->size < 2 || !dshim_config()->shm_gate) {
         return;
     }
     uint64_t host = comm->peers[comm->rank].host_id;
@@ -199,7 +211,7 @@ static dshim_status_t wait_slow(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
     gate_door_t *door = gate_door(area);
     const double stall_s = dshim_config()->stall_warn_s;
     double warn_after = stall_s;
-    int traced = 0;
+    int traced = 0, announced = 0, store_silent = 0;
     while (!is_open(door, episode)) {
         if (__atomic_load_n(&comm->error, __ATOMIC_ACQUIRE) != DSHIM_OK) {
             dshim_error_set_raw(comm->errmsg);
@@ -213,31 +225,38 @@ static dshim_status_t wait_slow(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
         if (gone >= 0) {
             char who[160];
             dshim_comm_describe_peer(comm, gone, who, sizeof(who));
-            dshim_error_quiet(DSHIM_ERR_PEER, "%s exited before it arrived at the barrier (ranks that did not "
-                              "arrive at this collective: %s)", who, missing);
+            dshim_error_quiet(DSHIM_ERR_PEER, "%s exited before it arrived at the collective (ranks that did "
+                              "not arrive at this collective: %s)", who, missing);
             return dshim_xfer_fail(comm, sig, DSHIM_ERR_PEER);
         }
         int failed = __atomic_load_n(&door->failed, __ATOMIC_ACQUIRE);
         if (failed > 0 && failed - 1 != comm->rank) {
             char who[160];
             dshim_comm_describe_peer(comm, failed - 1, who, sizeof(who));
-            dshim_error_quiet(DSHIM_ERR_PEER, "%s failed the communicator while this rank waited for it in the "
-                              "barrier (its error is in its log)", who);
+            dshim_error_quiet(DSHIM_ERR_PEER, "%s failed the communicator while this rank waited for it in shared "
+                              "memory (its error is in its log)", who);
             return dshim_xfer_fail(comm, sig, DSHIM_ERR_PEER);
         }
         double waited = dshim_now() - start;
+        if (!announced && waited > 1.0) {
+            /* for ranks in a collective of messages that wait for this one
+             * (their "did not arrive" list: a rank here has arrived) */
+            dshim_xfer_announce_arrival(comm, sig->seq, &store_silent);
+            announced = 1;
+        }
         if (waited > comm->timeout_s) {
             dshim_error_quiet(DSHIM_ERR_TIMEOUT,
-                              "did not complete within %g s " DSHIM_TIMEOUT_WHY " while waiting in the barrier "
-                              "(shared memory); ranks that did not arrive at this collective: %s",
+                              "did not complete within %g s " DSHIM_TIMEOUT_WHY " while waiting in shared memory "
+                              "for every rank to arrive; ranks that did not arrive at this collective: %s",
                               comm->timeout_s, missing[0] ? missing : "none known (check the other ranks' logs)");
             return dshim_xfer_fail(comm, sig, DSHIM_ERR_TIMEOUT);
         }
         if (stall_s > 0 && waited >= warn_after) {
-            DSHIM_WARN("rank %d (host %s): barrier #%" PRIu64 " has made no progress for %.0f s while waiting in "
-                       "shared memory; ranks that have not arrived at it: %s; it fails after %g s without progress "
-                       "(the communicator's timeout; DSHIM_STALL_WARN sets how often this is said)",
-                       comm->rank, comm->peers[comm->rank].hostname, sig->seq, waited, missing, comm->timeout_s);
+            DSHIM_WARN("rank %d (host %s): %s #%" PRIu64 " has made no progress for %.0f s while waiting in shared "
+                       "memory for every rank to arrive; ranks that have not arrived at it: %s; it fails after %g s "
+                       "without progress (the communicator's timeout; DSHIM_STALL_WARN sets how often this is said)",
+                       comm->rank, comm->peers[comm->rank].hostname, dshim_coll_name(sig->coll), sig->seq, waited,
+                       missing, comm->timeout_s);
             warn_after += stall_s;
         }
         if (comm->trace && !traced) {
@@ -253,28 +272,55 @@ static dshim_status_t wait_slow(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
     return DSHIM_OK;
 }
 
-dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_t *sig)
+/* This rank's call into its slot (and its data, for an allreduce), then
+ * its arrival; returns the episode, *last set when it completed it. */
+static uint64_t arrive(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, const void *data, size_t bytes,
+                       int *last)
 {
-    void *area;
-    dshim_status_t st = gate_area(comm, &area);
-    if (st != DSHIM_OK) {
-        return dshim_xfer_fail(comm, sig, st);
-    }
     uint64_t episode = ++comm->gate_episode;
     gate_slot_t *mine = gate_slot(area, comm->rank);
-    __atomic_store_n(&mine->seq, sig->seq, __ATOMIC_RELAXED);
-    __atomic_store_n(&mine->episode, episode, __ATOMIC_RELEASE);
-    gate_door_t *door = gate_door(area);
-    /* acq_rel: the last arrival sees every rank's writes before the barrier
-     * (their release by this add), and publishes them with the open */
-    uint64_t before = __atomic_fetch_add(&gate_counter(area)->arrivals, 1, __ATOMIC_ACQ_REL);
-    if (before + 1 == episode * (uint64_t)comm->size) {
-        open_gate(door, episode);
-        return DSHIM_OK;
+    if (bytes) {
+        memcpy(gate_data(area, comm->size, comm->rank), data, bytes);
     }
-    /* the spin: as long as dshim_xfer's, yielding on every look when ranks
-     * outnumber cores (the ranks that are late need this core), else a
-     * pause per look and the clock read every 8th */
+    mine->seq = sig->seq;
+    mine->count = sig->count;
+    mine->coll = sig->coll;
+    mine->dtype = sig->dtype;
+    mine->redop = sig->redop;
+    __atomic_store_n(&mine->episode, episode, __ATOMIC_RELEASE);
+    /* acq_rel: the last arrival sees every rank's slot and data (their
+     * release by this add), and publishes its own work with the open */
+    uint64_t before = __atomic_fetch_add(&gate_counter(area)->arrivals, 1, __ATOMIC_ACQ_REL);
+    *last = before + 1 == episode * (uint64_t)comm->size;
+    return episode;
+}
+
+/* The last arrival's check of the calls: 1 + a rank whose call differs from
+ * rank 0's, or 0 (off with DSHIM_CHECK_COLLECTIVES=0, but for the kind and
+ * the number: a barrier must not take an allreduce's place). */
+static int32_t first_differing(dshim_comm_t *comm, void *area)
+{
+    const gate_slot_t *s0 = gate_slot(area, 0);
+    for (int r = 1; r < comm->size; r++) {
+        const gate_slot_t *s = gate_slot(area, r);
+        int differs = s->seq != s0->seq || s->coll != s0->coll || s->count != s0->count;
+        if (comm->check_sig) {
+            differs |= s->dtype != s0->dtype || s->redop != s0->redop;
+        }
+        if (differs) {
+            return r + 1;
+        }
+    }
+    return 0;
+}
+
+/* Waits until the episode opens: the spin as long as dshim_xfer's,
+ * yielding on every look when ranks outnumber cores (the ranks that are
+ * late need this core), else a pause per look and the clock read every
+ * 8th; then wait_slow. */
+static dshim_status_t wait_open(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *area, uint64_t episode)
+{
+    gate_door_t *door = gate_door(area);
     const double spin_s = (double)comm->spin_us * 1e-6;
     double start = dshim_now();
     for (unsigned loop = 0;; loop++) {
@@ -295,7 +341,99 @@ dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_
     return wait_slow(comm, sig, area, episode, start);
 }
 
-int dshim_host_gate_in_barrier(dshim_comm_t *comm, uint64_t seq)
+/* After the open: when the last arrival found calls that differ, the
+ * mismatch error (this rank's call against one that differs from it). */
+static dshim_status_t check_calls(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *area)
+{
+    if (__atomic_load_n(&gate_door(area)->differs, __ATOMIC_ACQUIRE) == 0) {
+        return DSHIM_OK;
+    }
+    for (int r = 0; r < comm->size; r++) {
+        const gate_slot_t *s = gate_slot(area, r);
+        if (r != comm->rank && (s->seq != sig->seq || s->coll != sig->coll || s->count != sig->count ||
+                                s->dtype != sig->dtype || s->redop != sig->redop)) {
+            dshim_coll_sig_t theirs = {.coll = s->coll, .dtype = s->dtype, .redop = s->redop,
+                                       .root = sig->root, .count = s->count, .seq = s->seq};
+            return dshim_xfer_fail_mismatch(comm, sig, r, &theirs);
+        }
+    }
+    /* unreachable: a rank differs from rank 0, so from this rank or rank 0 does */
+    dshim_error_quiet(DSHIM_ERR_INTERNAL, "host gate: the calls differ, but this rank's matches every other");
+    return dshim_xfer_fail(comm, sig, DSHIM_ERR_INTERNAL);
+}
+
+/* Opens the episode, after the check of the calls. */
+static void complete(void *area, uint64_t episode, int32_t differs)
+{
+    if (differs) {
+        __atomic_store_n(&gate_door(area)->differs, differs, __ATOMIC_RELEASE);
+    }
+    open_gate(gate_door(area), episode);
+}
+
+dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_t *sig)
+{
+    void *area;
+    dshim_status_t st = gate_area(comm, &area);
+    if (st != DSHIM_OK) {
+        return dshim_xfer_fail(comm, sig, st);
+    }
+    int last;
+    uint64_t episode = arrive(comm, area, sig, NULL, 0, &last);
+    if (last) {
+        complete(area, episode, first_differing(comm, area));
+    } else {
+        DSHIM_CHECK(wait_open(comm, sig, area, episode));
+    }
+    return check_calls(comm, sig, area);
+}
+
+dshim_status_t dshim_host_gate_allreduce(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
+                                         void *rbuf, size_t count)
+{
+    void *area;
+    dshim_status_t st = gate_area(comm, &area);
+    if (st != DSHIM_OK) {
+        return dshim_xfer_fail(comm, sig, st);
+    }
+    dshim_dtype_t dt = (dshim_dtype_t)sig->dtype;
+    dshim_redop_t op = (dshim_redop_t)sig->redop;
+    size_t bytes = count * dshim_dtype_size(dt);
+    int last;
+    uint64_t episode = arrive(comm, area, sig, sbuf, bytes, &last);
+    unsigned char *result = gate_data(area, comm->size, comm->size);
+    if (last) {
+        /* the reduction in rank order (every rank gets these bits), by the
+         * rank that arrived last: the others wait for it anyway, and with
+         * ranks sharing cores one pass over N inputs beats N passes */
+        int32_t differs = first_differing(comm, area);
+        if (!differs) {
+            st = comm->reduce->reduce(result, gate_data(area, comm->size, 0), gate_data(area, comm->size, 1), count,
+                                      dt, op, NULL);
+            for (int r = 2; r < comm->size && st == DSHIM_OK; r++) {
+                st = comm->reduce->reduce(result, result, gate_data(area, comm->size, r), count, dt, op, NULL);
+            }
+            if (st == DSHIM_OK && op == DSHIM_AVG) {
+                st = comm->reduce->scale_div(result, count, dt, comm->size, NULL);
+            }
+            if (st != DSHIM_OK) {
+                /* checked at the call (check_op): cannot happen; never open a wrong result */
+                dshim_host_gate_fail(comm);
+                return dshim_xfer_fail(comm, sig, st);
+            }
+        }
+        complete(area, episode, differs);
+    } else {
+        DSHIM_CHECK(wait_open(comm, sig, area, episode));
+    }
+    DSHIM_CHECK(check_calls(comm, sig, area));
+    /* the result stays until every rank has copied it: the next episode's
+     * last arrival writes it only once every rank arrived there */
+    memcpy(rbuf, result, bytes);
+    return DSHIM_OK;
+}
+
+int dshim_host_gate_at(dshim_comm_t *comm, uint64_t seq, dshim_coll_sig_t *theirs)
 {
     if (comm->gate_transport < 0) {
         return -1;
@@ -306,12 +444,24 @@ int dshim_host_gate_in_barrier(dshim_comm_t *comm, uint64_t seq)
     }
     for (int r = 0; r < comm->size; r++) {
         gate_slot_t *slot = gate_slot(area, r);
-        if (r != comm->rank && __atomic_load_n(&slot->episode, __ATOMIC_ACQUIRE) != 0 &&
-            __atomic_load_n(&slot->seq, __ATOMIC_RELAXED) == seq) {
-            return r;
+        if (r == comm->rank || __atomic_load_n(&slot->episode, __ATOMIC_ACQUIRE) == 0 ||
+            __atomic_load_n(&slot->seq, __ATOMIC_RELAXED) != seq) {
+            continue;
         }
+        theirs->seq = seq;
+        theirs->coll = __atomic_load_n(&slot->coll, __ATOMIC_RELAXED);
+        theirs->dtype = __atomic_load_n(&slot->dtype, __ATOMIC_RELAXED);
+        theirs->redop = __atomic_load_n(&slot->redop, __ATOMIC_RELAXED);
+        theirs->count = __atomic_load_n(&slot->count, __ATOMIC_RELAXED);
+        theirs->root = -1;
+        return r;
     }
     return -1;
+}
+
+int dshim_host_gate_rank_exited(dshim_comm_t *comm, int r)
+{
+    return comm->gate_transport >= 0 && r != comm->rank && process_gone(comm->peers[r].pid);
 }
 
 void dshim_host_gate_fail(dshim_comm_t *comm)

@@ -1,23 +1,28 @@
 /*
- * The host gate: the barrier of a communicator whose ranks all share one
- * host, run through a counter in shared memory instead of messages.
+ * The host gate: the barrier and the small allreduces of a communicator
+ * whose ranks all share one host, run through a counter in shared memory
+ * instead of messages.
  *
- * A dissemination barrier takes ceil(log2 N) rounds of messages, and with
- * more ranks than cores every round waits for each rank to be scheduled
- * again.  Here every rank adds one to a shared counter and the last to
- * arrive opens the gate: one round whatever N, no message (a 2-rank
- * barrier, 2 cores: ~0.05 us in a plain loop against 0.2 for OpenMPI's; 64
- * ranks: 83 us against 580; docs/benchmarks.md, "The host gate").
+ * Messages take ceil(log2 N) rounds (a dissemination barrier, recursive
+ * doubling), and with more ranks than cores every round waits for each rank
+ * to be scheduled again.  Here every rank writes its call (and an
+ * allreduce's data) into its slot and adds one to a shared counter; the
+ * last to arrive checks that the calls agree, reduces the data in rank order
+ * into a result, and opens the gate; the others copy the result out.  One
+ * round whatever N (docs/benchmarks.md, "The host gate").
  *
- * The memory is a host-local transport's host area (transport.h), the
- * lowest rank's; the words in it:
- *   line 0      arrivals: every rank adds 1 per barrier (episode e is
- *               complete when it reaches e * N)
+ * The memory is a host-local transport's host area (transport.h), rank 0's;
+ * in it (docs/wire-protocol.md section 4 has the offsets):
+ *   line 0      arrivals: every rank adds 1 per call (episode e, a rank's
+ *               e-th call through the gate, is complete at e * N)
  *   line 1      open: the last episode opened (a futex word), sleepers,
- *               failed: 1 + the rank that failed the communicator
- *   line 2 + r  rank r's episode and the collective sequence number of its
- *               barrier, written before it arrives: who has not arrived,
- *               and which collective a rank is in (the signature check)
+ *               failed: 1 + the rank that failed the communicator,
+ *               differs: 1 + a rank whose call differs from rank 0's
+ *   line 2 + r  rank r's last episode and call (collective number, kind,
+ *               count, dtype, op): who has not arrived, and the check of
+ *               the calls, here and against the ranks that send messages
+ *   data        a block per rank and one for the result
+ *               (DSHIM_HOST_AREA_DATA bytes each)
  */
 #ifndef DSHIM_HOST_GATE_H
 #define DSHIM_HOST_GATE_H
@@ -27,17 +32,28 @@
 /* Decided once from the peer records (bootstrap), the same on every rank:
  * comm->gate_transport = the host-local transport whose host area holds
  * the gate when every rank is on this host, published that transport's
- * resources and DSHIM_SHM_BARRIER allows it; else -1. */
+ * resources and DSHIM_SHM_GATE allows it; else -1. */
 void dshim_host_gate_plan(dshim_comm_t *comm);
 /* The barrier through the gate (comm->gate_transport >= 0), with the
  * communicator's waiting policy, timeout and stall warnings, and an error
  * naming the rank when one that has not arrived exits or fails. */
 dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_t *sig);
-/* For the signature check against ranks that send no message: a rank
- * other than this one that arrived at the gate's barrier of collective
- * number seq, or -1 (dshim_xfer asks before it sleeps in another
- * collective of that number). */
-int dshim_host_gate_in_barrier(dshim_comm_t *comm, uint64_t seq);
+/* An allreduce through the gate (count elements of at most
+ * DSHIM_HOST_AREA_DATA bytes): every rank copies its data into its slot and
+ * arrives, the last one reduces the slots in rank order into the result,
+ * and every rank copies the result out. */
+dshim_status_t dshim_host_gate_allreduce(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
+                                         void *rbuf, size_t count);
+/* For the signature check against ranks that send no message: a rank other
+ * than this one that arrived at the gate with collective number seq (its
+ * call in *theirs), or -1.  dshim_xfer asks before it sleeps in a
+ * collective of that number. */
+int dshim_host_gate_at(dshim_comm_t *comm, uint64_t seq, dshim_coll_sig_t *theirs);
+/* For the probes of an idle communicator (dshim_hook_probe_peers): whether
+ * the communicator runs collectives through the gate and rank r's process
+ * has exited.  Ranks that meet only in the gate never connect, so no socket
+ * hangs up when one dies. */
+int dshim_host_gate_rank_exited(dshim_comm_t *comm, int r);
 /* Tells the ranks waiting in the gate that this rank failed the
  * communicator (dshim_comm_fail); best effort. */
 void dshim_host_gate_fail(dshim_comm_t *comm);

@@ -78,6 +78,15 @@ static void fill_hdr(unsigned char *buf, const dshim_coll_sig_t *sig, size_t nby
     memcpy(buf, &h, sizeof(h));
 }
 
+/* The one wording of two ranks' calls that differ. */
+static dshim_status_t mismatch_error(const char *mine, const char *peer, const char *theirs)
+{
+    return dshim_error_quiet(DSHIM_ERR_MISMATCH,
+                             "mismatched collectives: this rank called %s but %s called %s; every rank must issue "
+                             "the same collectives in the same order with the same count, dtype, op and root",
+                             mine, peer, theirs);
+}
+
 static dshim_status_t check_hdr(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *op)
 {
     wire_hdr_t h;
@@ -111,11 +120,7 @@ static dshim_status_t check_hdr(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
                                  dshim_dtype_name((dshim_dtype_t)sig->dtype), op->len);
     }
     if (differs) {
-        return dshim_error_quiet(DSHIM_ERR_MISMATCH,
-                                 "mismatched collectives: this rank called %s but %s called %s; every rank must "
-                                 "issue the same collectives in the same order with the same count, dtype, op "
-                                 "and root",
-                                 mine, peer, theirs);
+        return mismatch_error(mine, peer, theirs);
     }
     return dshim_error_quiet(DSHIM_ERR_MISMATCH,
                              "mismatched sizes in %s: %s sent %" PRIu64 " bytes where this rank expected %zu "
@@ -587,7 +592,7 @@ static double store_peek_s(const dshim_comm_t *comm)
  * (not per collective), and a rank that already finished `seq` and waits in
  * a later one still counts as arrived.  Best effort: an unanswered store
  * only leaves the mark unset (missing_ranks then says the store is silent). */
-static void announce_arrival(dshim_comm_t *comm, uint64_t seq, int *store_silent)
+void dshim_xfer_announce_arrival(dshim_comm_t *comm, uint64_t seq, int *store_silent)
 {
     char key[160], val[24];
     snprintf(key, sizeof(key), "%sat/%d", comm->prefix, comm->rank);
@@ -922,25 +927,26 @@ static dshim_status_t retry_after_wait_error(dshim_comm_t *comm, const dshim_col
     return DSHIM_OK;
 }
 
-/* The signature check against the ranks that run the barrier in shared
- * memory (host_gate.h) and so send no message to compare: one of them
- * waiting in the barrier of this collective's number means the ranks called
- * different collectives. */
+dshim_status_t dshim_xfer_fail_mismatch(dshim_comm_t *comm, const dshim_coll_sig_t *sig, int peer,
+                                        const dshim_coll_sig_t *theirs)
+{
+    char who[160], mine[160], other[160];
+    dshim_comm_describe_peer(comm, peer, who, sizeof(who));
+    describe_call(mine, sizeof(mine), sig->coll, sig->dtype, sig->redop, sig->root, sig->count, sig->seq);
+    describe_call(other, sizeof(other), theirs->coll, theirs->dtype, theirs->redop, theirs->root, theirs->count,
+                  theirs->seq);
+    return dshim_xfer_fail(comm, sig, mismatch_error(mine, who, other));
+}
+
+/* The signature check against the ranks that run a collective through the
+ * host gate (host_gate.h), which sends no message to compare: one of them
+ * there with this collective's number means the ranks called different
+ * collectives. */
 static dshim_status_t check_gate(dshim_comm_t *comm, const dshim_coll_sig_t *sig)
 {
-    int r = dshim_host_gate_in_barrier(comm, sig->seq);
-    if (r < 0) {
-        return DSHIM_OK;
-    }
-    char peer[160], mine[160], theirs[160];
-    dshim_comm_describe_peer(comm, r, peer, sizeof(peer));
-    describe_call(mine, sizeof(mine), sig->coll, sig->dtype, sig->redop, sig->root, sig->count, sig->seq);
-    describe_call(theirs, sizeof(theirs), DSHIM_COLL_BARRIER, DSHIM_UINT64, DSHIM_MAX, -1, 1, sig->seq);
-    dshim_error_quiet(DSHIM_ERR_MISMATCH,
-                      "mismatched collectives: this rank called %s but %s called %s; every rank must issue the "
-                      "same collectives in the same order with the same count, dtype, op and root",
-                      mine, peer, theirs);
-    return dshim_xfer_fail(comm, sig, DSHIM_ERR_MISMATCH);
+    dshim_coll_sig_t theirs;
+    int r = dshim_host_gate_at(comm, sig->seq, &theirs);
+    return r < 0 ? DSHIM_OK : dshim_xfer_fail_mismatch(comm, sig, r, &theirs);
 }
 
 /* How long a rank with a core of its own spins, at least, when it idles in
@@ -1100,14 +1106,14 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
             continue;
         }
         double waited = now - last_progress;
-        if (comm->gate_transport >= 0 && comm->check_sig && !p2p && sig->coll != DSHIM_COLL_BARRIER) {
+        if (comm->gate_transport >= 0 && comm->check_sig && !p2p) {
             DSHIM_CHECK(check_gate(comm, sig));
         }
         if (!announced && now - start > 1.0) {
             /* collectives only: a point-to-point number (per peer) would
              * pass for the collective of that number */
             if (sig->coll != DSHIM_COLL_P2P) {
-                announce_arrival(comm, sig->seq, &store_silent);
+                dshim_xfer_announce_arrival(comm, sig->seq, &store_silent);
             }
             announced = 1;
         }

@@ -76,6 +76,16 @@ dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim
  * <the call>: <error>". */
 dshim_status_t dshim_xfer_fail(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st);
 
+/* Announces in the store that this rank waits in collective `seq` (for the
+ * other ranks' "did not arrive" lists); *store_silent set when the store did
+ * not answer (best effort, bounded). */
+void dshim_xfer_announce_arrival(dshim_comm_t *comm, uint64_t seq, int *store_silent);
+
+/* Fails the communicator with the mismatch error: this rank's call (sig)
+ * against peer's (theirs). */
+dshim_status_t dshim_xfer_fail_mismatch(dshim_comm_t *comm, const dshim_coll_sig_t *sig, int peer,
+                                        const dshim_coll_sig_t *theirs);
+
 /* The one place that words a timeout's cause: the torch plugin reports it
  * as is (python/dshim/_comm.py), and torch's own tests look for " timeout ". */
 #define DSHIM_TIMEOUT_WHY                                                                                            \

@@ -47,7 +47,9 @@ dshim_status_t dshim_hook_fail(dshim_comm_t *comm, dshim_status_t st, const char
  * connections it is about to close are not mistaken for a crash. */
 void dshim_hook_announce_leave(dshim_comm_t *comm);
 /* Looks, without waiting, for a peer that hung up without announcing that it
- * left (it crashed, was killed, or its host went away).  Finding one fails
+ * left (it crashed, was killed, or its host went away), or, on a
+ * communicator whose ranks meet in shared memory (no connection to hang
+ * up), one rank per call whose process exited.  Finding one fails
  * comm with a message naming it (or naming the rank that failed first) and
  * returns that error; DSHIM_OK otherwise.  left[size] (kept by the caller
  * between calls, zeroed at first) remembers peers that left on purpose. */

@@ -98,7 +98,7 @@ START_TEST(test_choices)
 {
     expect_bad("DSHIM_TRANSPORT", "bogus", "one of auto, shm, tcp");
     expect_bad("DSHIM_DEBUG", "LOUD", "one of NONE, WARN, INFO, TRACE");
-    expect_bad("DSHIM_ALGO", "tree", "one of auto, ring, rd, hier, direct, rabenseifner");
+    expect_bad("DSHIM_ALGO", "tree", "one of auto, ring, rd, hier, direct, rabenseifner, gate");
     expect_bad("DSHIM_NCCL_IPC_COLLS", "allreduce,alltoall", "a comma-separated list of allreduce");
     expect_ok("DSHIM_TRANSPORT", "TCP");  /* the readers compare in any case */
     expect_ok("DSHIM_TRANSPORT", "");     /* empty = unset */
