@@ -161,7 +161,7 @@ static void missing_ranks(dshim_comm_t *comm, void *area, uint64_t episode, char
     }
 }
 
-/* The recorder's entry of the barrier waits for the ranks not arrived. */
+/* The recorder's entry of the collective waits for the ranks not arrived. */
 static void trace_waiting(dshim_comm_t *comm, void *area, uint64_t episode)
 {
     int ranks[DSHIM_TRACE_WAIT_MAX], k = 0;
