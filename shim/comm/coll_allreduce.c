@@ -1,7 +1,8 @@
 /* Allreduce: through the host gate or by recursive doubling for small
- * messages, pipelined ring for large ones (coll.h dshim_allreduce_choice).  Every rank ends with bit-identical buffers: the ring computes
- * each element exactly once and copies it around; recursive doubling always
- * combines operands in rank order (lower rank's partial first). */
+ * messages, pipelined ring for large ones (coll.h dshim_allreduce_choice).
+ * Every rank ends with bit-identical buffers: the ring computes each element
+ * exactly once and copies it around; recursive doubling always combines
+ * operands in rank order (lower rank's partial first). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

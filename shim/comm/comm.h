@@ -143,8 +143,8 @@ struct dshim_comm {
     dshim_trace_ring_t *trace;
     uint64_t trace_op;             /* the collective being executed (executor only) */
 
-    /* the host gate (host_gate.h): the barrier of ranks that all share a
-     * host, through a counter in shared memory */
+    /* the host gate (host_gate.h): the barrier and small allreduces of
+     * ranks that all share a host, through a counter in shared memory */
     int gate_transport;            /* registry entry whose host area holds it; -1: no gate */
     void *gate;                    /* that host area, mapped on first use (atomic: dshim_comm_fail reads it) */
     uint64_t gate_episode;         /* calls through it so far (executor only) */

@@ -295,19 +295,40 @@ static uint64_t arrive(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *s
     return episode;
 }
 
+/* A slot's call as a signature (root -1: no call through the gate has one).
+ * Relaxed loads: read after the counter or the open ordered the writes, or
+ * (dshim_host_gate_at) only to compare. */
+static dshim_coll_sig_t slot_call(const gate_slot_t *slot)
+{
+    dshim_coll_sig_t call = {.coll = __atomic_load_n(&slot->coll, __ATOMIC_RELAXED),
+                             .dtype = __atomic_load_n(&slot->dtype, __ATOMIC_RELAXED),
+                             .redop = __atomic_load_n(&slot->redop, __ATOMIC_RELAXED),
+                             .root = -1,
+                             .count = __atomic_load_n(&slot->count, __ATOMIC_RELAXED),
+                             .seq = __atomic_load_n(&slot->seq, __ATOMIC_RELAXED)};
+    return call;
+}
+
+/* Whether two calls differ: in number, kind and count always, in dtype and
+ * op while DSHIM_CHECK_COLLECTIVES=1 (a barrier must never take an
+ * allreduce's place, whatever the setting). */
+static int calls_differ(const dshim_comm_t *comm, const dshim_coll_sig_t *a, const dshim_coll_sig_t *b)
+{
+    int differs = a->seq != b->seq || a->coll != b->coll || a->count != b->count;
+    if (comm->check_sig) {
+        differs |= a->dtype != b->dtype || a->redop != b->redop;
+    }
+    return differs;
+}
+
 /* The last arrival's check of the calls: 1 + a rank whose call differs from
- * rank 0's, or 0 (off with DSHIM_CHECK_COLLECTIVES=0, but for the kind and
- * the number: a barrier must not take an allreduce's place). */
+ * rank 0's, or 0. */
 static int32_t first_differing(dshim_comm_t *comm, void *area)
 {
-    const gate_slot_t *s0 = gate_slot(area, 0);
+    dshim_coll_sig_t first = slot_call(gate_slot(area, 0));
     for (int r = 1; r < comm->size; r++) {
-        const gate_slot_t *s = gate_slot(area, r);
-        int differs = s->seq != s0->seq || s->coll != s0->coll || s->count != s0->count;
-        if (comm->check_sig) {
-            differs |= s->dtype != s0->dtype || s->redop != s0->redop;
-        }
-        if (differs) {
+        dshim_coll_sig_t call = slot_call(gate_slot(area, r));
+        if (calls_differ(comm, &call, &first)) {
             return r + 1;
         }
     }
@@ -342,22 +363,19 @@ static dshim_status_t wait_open(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
 }
 
 /* After the open: when the last arrival found calls that differ, the
- * mismatch error (this rank's call against one that differs from it). */
+ * mismatch error (this rank's call against one that differs from it: one
+ * differs from rank 0's, so from this rank's or rank 0's does). */
 static dshim_status_t check_calls(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *area)
 {
     if (__atomic_load_n(&gate_door(area)->differs, __ATOMIC_ACQUIRE) == 0) {
         return DSHIM_OK;
     }
     for (int r = 0; r < comm->size; r++) {
-        const gate_slot_t *s = gate_slot(area, r);
-        if (r != comm->rank && (s->seq != sig->seq || s->coll != sig->coll || s->count != sig->count ||
-                                s->dtype != sig->dtype || s->redop != sig->redop)) {
-            dshim_coll_sig_t theirs = {.coll = s->coll, .dtype = s->dtype, .redop = s->redop,
-                                       .root = sig->root, .count = s->count, .seq = s->seq};
+        dshim_coll_sig_t theirs = slot_call(gate_slot(area, r));
+        if (r != comm->rank && calls_differ(comm, sig, &theirs)) {
             return dshim_xfer_fail_mismatch(comm, sig, r, &theirs);
         }
     }
-    /* unreachable: a rank differs from rank 0, so from this rank or rank 0 does */
     dshim_error_quiet(DSHIM_ERR_INTERNAL, "host gate: the calls differ, but this rank's matches every other");
     return dshim_xfer_fail(comm, sig, DSHIM_ERR_INTERNAL);
 }
@@ -444,17 +462,13 @@ int dshim_host_gate_at(dshim_comm_t *comm, uint64_t seq, dshim_coll_sig_t *their
     }
     for (int r = 0; r < comm->size; r++) {
         gate_slot_t *slot = gate_slot(area, r);
-        if (r == comm->rank || __atomic_load_n(&slot->episode, __ATOMIC_ACQUIRE) == 0 ||
-            __atomic_load_n(&slot->seq, __ATOMIC_RELAXED) != seq) {
+        if (r == comm->rank || __atomic_load_n(&slot->episode, __ATOMIC_ACQUIRE) == 0) {
             continue;
         }
-        theirs->seq = seq;
-        theirs->coll = __atomic_load_n(&slot->coll, __ATOMIC_RELAXED);
-        theirs->dtype = __atomic_load_n(&slot->dtype, __ATOMIC_RELAXED);
-        theirs->redop = __atomic_load_n(&slot->redop, __ATOMIC_RELAXED);
-        theirs->count = __atomic_load_n(&slot->count, __ATOMIC_RELAXED);
-        theirs->root = -1;
-        return r;
+        *theirs = slot_call(slot);
+        if (theirs->seq == seq) {
+            return r;
+        }
     }
     return -1;
 }
