@@ -107,7 +107,7 @@
  * line prefetcher does not make two ranks' lines share fate), then a data
  * block per rank and one for a result. */
 #define DSHIM_HOST_AREA_LINE 128
-#define DSHIM_HOST_AREA_DATA ((size_t)64 << 10)
+#define DSHIM_HOST_AREA_DATA ((size_t)1 << 20)
 static inline size_t dshim_host_area_bytes(int size)
 {
     return ((size_t)size + 2) * DSHIM_HOST_AREA_LINE + ((size_t)size + 1) * DSHIM_HOST_AREA_DATA;

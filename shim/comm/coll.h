@@ -87,32 +87,25 @@ static inline int dshim_allreduce_rabenseifner_fits(const dshim_comm_t *comm, si
 }
 
 /* Where auto runs an allreduce through the host gate (host_gate.h): every
- * rank on one host with shared memory, more ranks than cores, and up to
- * 16 KiB, or 64 KiB from 8 ranks on.  The gate is one round whatever N,
- * where messages take log2 N rounds (or two for the direct algorithm), each
- * waiting for ranks to be scheduled; but its reduction is one rank's pass
- * over N inputs, which the others wait for.  Measured on 2 cores (paired,
- * time with messages over the gate's): N = 4 4 / 16 / 32 / 64 KiB 1.60 /
- * 1.46 / 1.01 / 0.65, N = 8 2.22 / 1.79 / 2.10 / 2.61; N = 16 and 32 3-10x
- * (docs/benchmarks.md, "The host gate").  With a core per rank the
- * messages of all ranks move at once and the gate's serial pass would
- * lose (N = 2: 4 KiB 3.8 against 1.2 us): not used there. */
+ * rank on one host with shared memory and more ranks than cores.  The gate
+ * takes one round (DSHIM_AR_GATE: the last arrival reduces) or two
+ * (DSHIM_AR_GATE_SPLIT: every rank reduces its share) whatever N, where
+ * messages take log2 N rounds or 2(N - 1) ring steps, each waiting for
+ * ranks to be scheduled.  The one-round form's reduction is one rank's pass
+ * over N inputs, which the others wait for: up to 16 KiB, 64 KiB from 8
+ * ranks on; above, the split form at every size (a data block at a time).
+ * Measured on 2 cores (paired, time with messages over the gate's):
+ * one round N = 4 4 / 16 / 32 / 64 KiB 1.60 / 1.46 / 1.01 / 0.65, N = 8
+ * 2.22 / 1.79 / 2.10 / 2.61; split N = 4 64 KiB / 256 KiB / 4 MiB / 64 MiB
+ * 1.2-1.6 / 1.3-1.8 / 1.12 / 1.11, 1 MiB 1.0-1.3, N = 8 and 16 1.2-2.1
+ * from 256 KiB to 16 MiB (docs/benchmarks.md, "The host gate").  With a
+ * core per rank the messages of all ranks move at once and the gate's
+ * copies lose (N = 2: 4 KiB 1.2-1.6x, 1 MiB 1.3-2.2x the time): not used
+ * there. */
 #define DSHIM_GATE_ALLREDUCE_MAX_BYTES ((size_t)64 << 10)
 #define DSHIM_GATE_ALLREDUCE_FEW_RANKS_MAX_BYTES ((size_t)16 << 10)
 #define DSHIM_GATE_ALLREDUCE_MANY_RANKS 8
 _Static_assert(DSHIM_GATE_ALLREDUCE_MAX_BYTES <= DSHIM_HOST_AREA_DATA, "the host gate's data blocks are too small");
-
-static inline int dshim_allreduce_gate_fits(const dshim_comm_t *comm, size_t bytes)
-{
-    if (comm->gate_transport < 0 || bytes > DSHIM_GATE_ALLREDUCE_MAX_BYTES) {
-        return 0;
-    }
-    if (comm->algo == DSHIM_ALGO_GATE) {
-        return 1;
-    }
-    return comm->algo == DSHIM_ALGO_AUTO && comm->spin_yields &&
-           (comm->size >= DSHIM_GATE_ALLREDUCE_MANY_RANKS || bytes <= DSHIM_GATE_ALLREDUCE_FEW_RANKS_MAX_BYTES);
-}
 
 /* Which allreduce algorithm runs a request: decided here once, for
  * dshim_algo_allreduce and for the flight recorder's entry. */
@@ -123,19 +116,46 @@ typedef enum {
     DSHIM_AR_RING,
     DSHIM_AR_DIRECT,
     DSHIM_AR_RABENSEIFNER,
-    DSHIM_AR_GATE
+    DSHIM_AR_GATE,
+    DSHIM_AR_GATE_SPLIT
 } dshim_ar_choice_t;
+
+/* The gate's choice for an allreduce of this many bytes: DSHIM_AR_GATE,
+ * DSHIM_AR_GATE_SPLIT, or DSHIM_AR_NONE when it is not the gate's.
+ * DSHIM_ALGO=gate: the one-round form up to a data block
+ * (DSHIM_HOST_AREA_DATA); gate-split: the split form at every size. */
+static inline dshim_ar_choice_t dshim_allreduce_gate_choice(const dshim_comm_t *comm, size_t bytes)
+{
+    if (comm->gate_transport < 0) {
+        return DSHIM_AR_NONE;
+    }
+    if (comm->algo == DSHIM_ALGO_GATE_SPLIT) {
+        return DSHIM_AR_GATE_SPLIT;
+    }
+    if (comm->algo == DSHIM_ALGO_GATE) {
+        return bytes <= DSHIM_HOST_AREA_DATA ? DSHIM_AR_GATE : DSHIM_AR_NONE;
+    }
+    if (comm->algo != DSHIM_ALGO_AUTO || !comm->spin_yields) {
+        return DSHIM_AR_NONE;
+    }
+    return bytes <= (comm->size >= DSHIM_GATE_ALLREDUCE_MANY_RANKS ? DSHIM_GATE_ALLREDUCE_MAX_BYTES
+                                                                    : DSHIM_GATE_ALLREDUCE_FEW_RANKS_MAX_BYTES)
+               ? DSHIM_AR_GATE
+               : DSHIM_AR_GATE_SPLIT;
+}
+
 static inline dshim_ar_choice_t dshim_allreduce_choice(const dshim_comm_t *comm, const dshim_request_t *req)
 {
     size_t bytes = req->count * dshim_dtype_size(req->dtype);
     if (req->count == 0 || comm->size == 1) {
         return DSHIM_AR_NONE;
     }
-    if (dshim_allreduce_gate_fits(comm, bytes)) {
-        return DSHIM_AR_GATE;
+    dshim_ar_choice_t gate = dshim_allreduce_gate_choice(comm, bytes);
+    if (gate != DSHIM_AR_NONE) {
+        return gate;
     }
-    /* DSHIM_ALGO=gate where the gate cannot serve: auto's choice */
-    int algo = comm->algo == DSHIM_ALGO_GATE ? DSHIM_ALGO_AUTO : comm->algo;
+    /* DSHIM_ALGO=gate or gate-split where the gate cannot serve: auto's choice */
+    int algo = comm->algo == DSHIM_ALGO_GATE || comm->algo == DSHIM_ALGO_GATE_SPLIT ? DSHIM_ALGO_AUTO : comm->algo;
     if (comm->local &&
         (algo == DSHIM_ALGO_HIER || (algo == DSHIM_ALGO_AUTO && bytes > comm->small_msg_bytes))) {
         return DSHIM_AR_HIER;

@@ -350,6 +350,8 @@ dshim_status_t dshim_algo_allreduce(dshim_comm_t *comm, dshim_request_t *req)
         return dshim_allreduce_rabenseifner(comm, &req->sig, req->rbuf, req->count);
     case DSHIM_AR_GATE:
         return dshim_host_gate_allreduce(comm, &req->sig, req->sbuf, req->rbuf, req->count);
+    case DSHIM_AR_GATE_SPLIT:
+        return dshim_host_gate_allreduce_split(comm, &req->sig, req->sbuf, req->rbuf, req->count);
     case DSHIM_AR_RING:
         break;
     }

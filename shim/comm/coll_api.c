@@ -562,6 +562,8 @@ const char *dshim_algo_name(const dshim_comm_t *comm, const dshim_request_t *req
             return "rabenseifner";
         case DSHIM_AR_GATE:
             return "shm-gate";
+        case DSHIM_AR_GATE_SPLIT:
+            return "shm-gate-split";
         }
         return NULL;
     case DSHIM_COLL_BROADCAST:

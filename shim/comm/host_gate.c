@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "coll.h"
 #include "config.h"
 #include "host_gate.h"
 #include "log.h"
@@ -161,6 +162,17 @@ static void missing_ranks(dshim_comm_t *comm, void *area, uint64_t episode, char
     }
 }
 
+/* A rank other than this one whose process has exited, or -1. */
+static int any_rank_gone(dshim_comm_t *comm)
+{
+    for (int r = 0; r < comm->size; r++) {
+        if (r != comm->rank && process_gone(comm->peers[r].pid)) {
+            return r;
+        }
+    }
+    return -1;
+}
+
 /* The recorder's entry of the collective waits for the ranks not arrived. */
 static void trace_waiting(dshim_comm_t *comm, void *area, uint64_t episode)
 {
@@ -229,6 +241,15 @@ static dshim_status_t wait_slow(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
                               "not arrive at this collective: %s)", who, missing);
             return dshim_xfer_fail(comm, sig, DSHIM_ERR_PEER);
         }
+        if (!missing[0] && (gone = any_rank_gone(comm)) >= 0) {
+            /* every rank arrived but the gate stays shut: the last arrival
+             * died between its arrival and the open (while it reduced) */
+            char who[160];
+            dshim_comm_describe_peer(comm, gone, who, sizeof(who));
+            dshim_error_quiet(DSHIM_ERR_PEER, "%s exited in the collective, after it arrived and before it "
+                              "completed it for the others", who);
+            return dshim_xfer_fail(comm, sig, DSHIM_ERR_PEER);
+        }
         int failed = __atomic_load_n(&door->failed, __ATOMIC_ACQUIRE);
         if (failed > 0 && failed - 1 != comm->rank) {
             char who[160];
@@ -272,12 +293,24 @@ static dshim_status_t wait_slow(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
     return DSHIM_OK;
 }
 
+/* This rank's arrival at the next episode (its call is in its slot):
+ * returns the episode, *last set when it completed it. */
+static uint64_t count_arrival(dshim_comm_t *comm, void *area, int *last)
+{
+    uint64_t episode = ++comm->gate_episode;
+    __atomic_store_n(&gate_slot(area, comm->rank)->episode, episode, __ATOMIC_RELEASE);
+    /* acq_rel: the last arrival sees every rank's slot and data (their
+     * release by this add), and publishes its own work with the open */
+    uint64_t before = __atomic_fetch_add(&gate_counter(area)->arrivals, 1, __ATOMIC_ACQ_REL);
+    *last = before + 1 == episode * (uint64_t)comm->size;
+    return episode;
+}
+
 /* This rank's call into its slot (and its data, for an allreduce), then
  * its arrival; returns the episode, *last set when it completed it. */
 static uint64_t arrive(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, const void *data, size_t bytes,
                        int *last)
 {
-    uint64_t episode = ++comm->gate_episode;
     gate_slot_t *mine = gate_slot(area, comm->rank);
     if (bytes) {
         memcpy(gate_data(area, comm->size, comm->rank), data, bytes);
@@ -287,12 +320,7 @@ static uint64_t arrive(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *s
     mine->coll = sig->coll;
     mine->dtype = sig->dtype;
     mine->redop = sig->redop;
-    __atomic_store_n(&mine->episode, episode, __ATOMIC_RELEASE);
-    /* acq_rel: the last arrival sees every rank's slot and data (their
-     * release by this add), and publishes its own work with the open */
-    uint64_t before = __atomic_fetch_add(&gate_counter(area)->arrivals, 1, __ATOMIC_ACQ_REL);
-    *last = before + 1 == episode * (uint64_t)comm->size;
-    return episode;
+    return count_arrival(comm, area, last);
 }
 
 /* A slot's call as a signature (root -1: no call through the gate has one).
@@ -406,6 +434,39 @@ dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_
     return check_calls(comm, sig, area);
 }
 
+/* Elements [off, off + len) of the result: the ranks' data blocks reduced
+ * in rank order (every rank gets these bits, whoever computes them), AVG
+ * divided once.  A piece at a time, all N blocks into it while it sits in
+ * the L1 cache (one pass over the inputs, not N - 1 over the result). */
+#define GATE_REDUCE_PIECE ((size_t)8 << 10)
+
+static dshim_status_t reduce_blocks(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, size_t off,
+                                    size_t len)
+{
+    dshim_dtype_t dt = (dshim_dtype_t)sig->dtype;
+    dshim_redop_t op = (dshim_redop_t)sig->redop;
+    size_t es = dshim_dtype_size(dt), piece = GATE_REDUCE_PIECE / es;
+    dshim_status_t st = DSHIM_OK;
+    for (size_t done = 0; done < len && st == DSHIM_OK; done += piece) {
+        size_t n = len - done < piece ? len - done : piece, at = (off + done) * es;
+        unsigned char *result = gate_data(area, comm->size, comm->size) + at;
+        st = comm->reduce->reduce(result, gate_data(area, comm->size, 0) + at, gate_data(area, comm->size, 1) + at,
+                                  n, dt, op, NULL);
+        for (int r = 2; r < comm->size && st == DSHIM_OK; r++) {
+            st = comm->reduce->reduce(result, result, gate_data(area, comm->size, r) + at, n, dt, op, NULL);
+        }
+        if (st == DSHIM_OK && op == DSHIM_AVG) {
+            st = comm->reduce->scale_div(result, n, dt, comm->size, NULL);
+        }
+    }
+    if (st != DSHIM_OK) {
+        /* checked at the call (check_op): cannot happen; never open a wrong result */
+        dshim_host_gate_fail(comm);
+        return dshim_xfer_fail(comm, sig, st);
+    }
+    return DSHIM_OK;
+}
+
 dshim_status_t dshim_host_gate_allreduce(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
                                          void *rbuf, size_t count)
 {
@@ -414,31 +475,16 @@ dshim_status_t dshim_host_gate_allreduce(dshim_comm_t *comm, const dshim_coll_si
     if (st != DSHIM_OK) {
         return dshim_xfer_fail(comm, sig, st);
     }
-    dshim_dtype_t dt = (dshim_dtype_t)sig->dtype;
-    dshim_redop_t op = (dshim_redop_t)sig->redop;
-    size_t bytes = count * dshim_dtype_size(dt);
+    size_t bytes = count * dshim_dtype_size((dshim_dtype_t)sig->dtype);
     int last;
     uint64_t episode = arrive(comm, area, sig, sbuf, bytes, &last);
-    unsigned char *result = gate_data(area, comm->size, comm->size);
     if (last) {
-        /* the reduction in rank order (every rank gets these bits), by the
-         * rank that arrived last: the others wait for it anyway, and with
-         * ranks sharing cores one pass over N inputs beats N passes */
+        /* the whole reduction by the rank that arrived last: the others
+         * wait for it anyway, and with ranks sharing cores one pass over N
+         * small inputs beats another round of arrivals */
         int32_t differs = first_differing(comm, area);
         if (!differs) {
-            st = comm->reduce->reduce(result, gate_data(area, comm->size, 0), gate_data(area, comm->size, 1), count,
-                                      dt, op, NULL);
-            for (int r = 2; r < comm->size && st == DSHIM_OK; r++) {
-                st = comm->reduce->reduce(result, result, gate_data(area, comm->size, r), count, dt, op, NULL);
-            }
-            if (st == DSHIM_OK && op == DSHIM_AVG) {
-                st = comm->reduce->scale_div(result, count, dt, comm->size, NULL);
-            }
-            if (st != DSHIM_OK) {
-                /* checked at the call (check_op): cannot happen; never open a wrong result */
-                dshim_host_gate_fail(comm);
-                return dshim_xfer_fail(comm, sig, st);
-            }
+            DSHIM_CHECK(reduce_blocks(comm, area, sig, 0, count));
         }
         complete(area, episode, differs);
     } else {
@@ -446,8 +492,57 @@ dshim_status_t dshim_host_gate_allreduce(dshim_comm_t *comm, const dshim_coll_si
     }
     DSHIM_CHECK(check_calls(comm, sig, area));
     /* the result stays until every rank has copied it: the next episode's
-     * last arrival writes it only once every rank arrived there */
-    memcpy(rbuf, result, bytes);
+     * reduction writes it only once every rank arrived there */
+    memcpy(rbuf, gate_data(area, comm->size, comm->size), bytes);
+    return DSHIM_OK;
+}
+
+/* One piece of a split allreduce: count elements (at most a data block). */
+static dshim_status_t split_piece(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *area, const void *sbuf,
+                                  void *rbuf, size_t count)
+{
+    size_t bytes = count * dshim_dtype_size((dshim_dtype_t)sig->dtype);
+    int last;
+    uint64_t episode = arrive(comm, area, sig, sbuf, bytes, &last);
+    if (last) {
+        complete(area, episode, first_differing(comm, area));
+    } else {
+        DSHIM_CHECK(wait_open(comm, sig, area, episode));
+    }
+    DSHIM_CHECK(check_calls(comm, sig, area));
+    /* every block is in: this rank's share of the result, then a second
+     * arrival (the data blocks stay until every share is reduced: a rank
+     * writes its block again only after it passed this episode) */
+    size_t off, len;
+    dshim_part(count, comm->size, comm->rank, &off, &len);
+    if (len) {
+        DSHIM_CHECK(reduce_blocks(comm, area, sig, off, len));
+    }
+    episode = count_arrival(comm, area, &last);
+    if (last) {
+        complete(area, episode, 0);
+    } else {
+        DSHIM_CHECK(wait_open(comm, sig, area, episode));
+    }
+    memcpy(rbuf, gate_data(area, comm->size, comm->size), bytes);
+    return DSHIM_OK;
+}
+
+dshim_status_t dshim_host_gate_allreduce_split(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
+                                               void *rbuf, size_t count)
+{
+    void *area;
+    dshim_status_t st = gate_area(comm, &area);
+    if (st != DSHIM_OK) {
+        return dshim_xfer_fail(comm, sig, st);
+    }
+    /* larger than a data block: a block's worth at a time (the call in the
+     * slots is the whole call's, checked again at every piece) */
+    size_t es = dshim_dtype_size((dshim_dtype_t)sig->dtype), piece = DSHIM_HOST_AREA_DATA / es;
+    for (size_t done = 0; done < count; done += piece) {
+        DSHIM_CHECK(split_piece(comm, sig, area, (const unsigned char *)sbuf + done * es,
+                                (unsigned char *)rbuf + done * es, count - done < piece ? count - done : piece));
+    }
     return DSHIM_OK;
 }
 

@@ -44,6 +44,12 @@ dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_
  * and every rank copies the result out. */
 dshim_status_t dshim_host_gate_allreduce(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
                                          void *rbuf, size_t count);
+/* The same with the reduction split: every rank copies its data in and
+ * arrives; then each reduces its 1/N of the elements over the N blocks
+ * into the result and arrives again; then every rank copies the result out.
+ * Two rounds, but N ranks reduce at once (medium messages). */
+dshim_status_t dshim_host_gate_allreduce_split(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
+                                               void *rbuf, size_t count);
 /* For the signature check against ranks that send no message: a rank other
  * than this one that arrived at the gate with collective number seq (its
  * call in *theirs), or -1.  dshim_xfer asks before it sleeps in a

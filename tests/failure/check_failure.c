@@ -183,11 +183,15 @@ START_TEST(test_mismatched_barrier_gate)
 }
 END_TEST
 
-/* Both calls through the gate (DSHIM_ALGO=gate): the last to arrive
- * compares them before it reduces anything. */
+/* Both calls through the gate (DSHIM_ALGO=gate, then gate-split): the last
+ * to arrive compares them before anything is reduced. */
 START_TEST(test_mismatched_gate_allreduce)
 {
     const char *env[] = {"DSHIM_TRANSPORT=shm", "DSHIM_TIMEOUT=60", "DSHIM_ALGO=gate", NULL};
+    run_mismatch_env(4, "barrier #0", "allreduce #0 (100 x float32", env);
+    run_mismatch_env(0, "1000 x float32", "2000 x float32", env);
+    run_mismatch_env(2, "float32", "int32", env);
+    env[2] = "DSHIM_ALGO=gate-split";
     run_mismatch_env(4, "barrier #0", "allreduce #0 (100 x float32", env);
     run_mismatch_env(0, "1000 x float32", "2000 x float32", env);
     run_mismatch_env(2, "float32", "int32", env);
@@ -515,7 +519,25 @@ END_TEST
  * shared counter, no message: host_gate.h).  Before its 6th barrier the
  * victim (rank 2, or rank 0, whose shared memory holds the gate) is killed,
  * is late by 6 s (DSHIM_TIMEOUT=2), or aborts the communicator. */
-enum { GATE_KILLED, GATE_LATE, GATE_ABORT, GATE_OWNER_KILLED };
+enum { GATE_KILLED, GATE_LATE, GATE_ABORT, GATE_OWNER_KILLED, GATE_SPLIT_KILLED };
+
+/* GATE_SPLIT_KILLED: the victim dies 3 ms into its 6th 16 MiB allreduce
+ * through the split gate (DSHIM_ALGO=gate-split: 16 pieces, two arrivals
+ * each), in whichever step that is: copying in, reducing its share, after
+ * arriving, copying out. */
+static void *kill_me_soon(void *arg)
+{
+    (void)arg;
+    sleep_s(0.003);
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+static dshim_status_t gate_step(dshim_comm_t *comm, int mode, float *buf, size_t count)
+{
+    return mode == GATE_SPLIT_KILLED ? dshim_allreduce(comm, buf, buf, count, DSHIM_FLOAT32, DSHIM_SUM)
+                                     : dshim_barrier(comm);
+}
 
 static int body_gate(int rank, int size, int port, void *arg)
 {
@@ -525,9 +547,14 @@ static int body_gate(int rank, int size, int port, void *arg)
     if (test_comm_init(rank, size, port, &comm)) {
         return 2;
     }
+    size_t count = mode == GATE_SPLIT_KILLED ? (size_t)4 << 20 : 0;
+    float *buf = count ? calloc(count, sizeof(float)) : NULL;
     for (int it = 0; it < 10; it++) {
         if (rank == victim && it == 5) {
-            if (mode == GATE_KILLED || mode == GATE_OWNER_KILLED) {
+            pthread_t killer;
+            if (mode == GATE_SPLIT_KILLED) {
+                pthread_create(&killer, NULL, kill_me_soon, NULL);
+            } else if (mode == GATE_KILLED || mode == GATE_OWNER_KILLED) {
                 kill(getpid(), SIGKILL);
             } else if (mode == GATE_LATE) {
                 sleep_s(6.0);
@@ -538,14 +565,19 @@ static int body_gate(int rank, int size, int port, void *arg)
             }
         }
         double t0 = dshim_now();
-        dshim_status_t st = dshim_barrier(comm);
+        dshim_status_t st = gate_step(comm, mode, buf, count);
         if (st != DSHIM_OK) {
             fprintf(stderr, "ERROR after %.2f s: %s\n", dshim_now() - t0, dshim_last_error());
             dshim_comm_destroy(comm);
+            free(buf);
             return 3;
         }
     }
+    if (rank == victim && mode == GATE_SPLIT_KILLED) {
+        sleep_s(5.0); /* the killer thread was too slow: the test says so (not killed) */
+    }
     dshim_comm_destroy(comm);
+    free(buf);
     return 0;
 }
 
@@ -553,7 +585,8 @@ static int body_gate(int rank, int size, int port, void *arg)
  * the start, for a late one) with an error holding `must`. */
 static void run_gate(int mode, const char *must, const char *must2, double within)
 {
-    const char *env[] = {"DSHIM_TRANSPORT=shm", mode == GATE_LATE ? "DSHIM_TIMEOUT=2" : "DSHIM_TIMEOUT=60", NULL};
+    const char *env[] = {"DSHIM_TRANSPORT=shm", mode == GATE_LATE ? "DSHIM_TIMEOUT=2" : "DSHIM_TIMEOUT=60",
+                         mode == GATE_SPLIT_KILLED ? "DSHIM_ALGO=gate-split" : NULL, NULL};
     test_rank_result_t res[3];
     int victim = mode == GATE_OWNER_KILLED ? 0 : 2;
     int rc = test_run_ranks(3, body_gate, &mode, env, 30.0, res);
@@ -569,7 +602,7 @@ static void run_gate(int mode, const char *must, const char *must2, double withi
         }
         ck_assert_msg(ok, "rank %d must fail within %.0f s naming '%s' and '%s'", r, within, must, must2);
     }
-    if (mode == GATE_KILLED || mode == GATE_OWNER_KILLED) {
+    if (mode == GATE_KILLED || mode == GATE_OWNER_KILLED || mode == GATE_SPLIT_KILLED) {
         ck_assert(!res[victim].exited && res[victim].code == SIGKILL);
     } else if (mode == GATE_LATE) {
         /* it comes to a barrier the others failed: told, not hung */
@@ -586,6 +619,14 @@ END_TEST
 START_TEST(test_gate_owner_killed)
 {
     run_gate(GATE_OWNER_KILLED, "rank 0 (host", "exited before it arrived at the collective", 5.0);
+}
+END_TEST
+
+/* Every step of the split gate; the message depends on the step: before
+ * it arrived, or after it arrived and before the last arrival's open. */
+START_TEST(test_gate_split_rank_killed)
+{
+    run_gate(GATE_SPLIT_KILLED, "rank 2 (host", "exited ", 5.0);
 }
 END_TEST
 
@@ -1194,6 +1235,7 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_mismatched_gate_allreduce);
     tcase_add_test(tc, test_gate_rank_killed);
     tcase_add_test(tc, test_gate_owner_killed);
+    tcase_add_test(tc, test_gate_split_rank_killed);
     tcase_add_test(tc, test_gate_timeout_names_missing_rank);
     tcase_add_test(tc, test_gate_abort_reaches_waiters);
     tcase_add_test(tc, test_mismatched_dtype);

@@ -31,7 +31,7 @@
 
 #define DSHIM_SHM_LINE      128
 #define DSHIM_SHM_MAGIC     0x314d48534d494844ULL /* "DHIMSHM1" little-endian */
-#define DSHIM_SHM_VERSION   2u /* 2: the host area */
+#define DSHIM_SHM_VERSION   3u /* 2: the host area; 3: its data blocks of 1 MiB */
 #define DSHIM_SHM_MIN_RING  4096u
 #define DSHIM_SHM_MAX_RING  ((size_t)1 << 30)
 #define DSHIM_SHM_MAX_RINGS 65536
