@@ -723,11 +723,12 @@ class Report:
                     f"{c.get('rank0_established')} sockets: its connections, its store client, and the "
                     f"store's end of every rank's connection.", "",
                     f"**Shared memory: one inbox per peer talked to.** Every rank creates an inbox of N "
-                    f"rings × 1 MiB (`DSHIM_SHM_RING_SIZE`; only rings that carry data get pages) and maps "
-                    f"a peer's inbox when it first connects to that peer, and rank 0's for the barrier's "
-                    f"host gate: {c.get('shm_segments')} segments, "
+                    f"rings × 1 MiB (`DSHIM_SHM_RING_SIZE`) and a host area of N + 1 blocks of 1 MiB (only "
+                    f"pages that carry data are ever allocated: the host area only in rank 0's inbox, "
+                    f"where the host gate meets) and maps a peer's inbox when it first connects to that "
+                    f"peer, and rank 0's for the host gate: {c.get('shm_segments')} segments, "
                     f"{c.get('shm_mapped_mib', 0):.0f} MiB of address space per rank at N = {cn} (a full "
-                    f"mesh would map N: N² MiB). The files are unlinked as soon as they are created "
+                    f"mesh would map N: 2N² MiB). The files are unlinked as soon as they are created "
                     f"(peers open them through the owner's descriptor): nothing is ever left in /dev/shm.",
                     ""]
         out += [f"**Start-up time** (max over ranks: exponent {k('dshim', 'init')} for dshim, "
@@ -763,13 +764,18 @@ class Report:
                 f"doubling.) dshim's barrier takes {self.ratio_range('barrier')}× OpenMPI's time and its "
                 f"4 KiB allreduce {self.ratio_range('4k')}× over N = {self.nps[0]}…{nmax} in this run.", "",
                 f"**1 MiB allreduce** (exponent {k('dshim', '1m')} for dshim, {k('openmpi', '1m')} for "
-                f"OpenMPI; the pipelined ring, 2(N − 1) steps of 1 MiB/N: the direct algorithm's round "
-                f"would hold (N − 1) MiB in flight): each rank moves about "
-                f"2 MiB whatever N, so the bytes through the 2 cores grow as N (all ranks' copies and "
-                f"reductions), and the ring's steps as N per rank, N² wake-ups in all: between N and N², "
-                f"the small chunks (16 KiB at N = 64) make the wake-ups dominate as N grows. "
-                f"dshim takes {self.ratio_range('1m')}× OpenMPI's time here over "
-                f"N = {self.nps[0]}…{nmax}.", "",
+                f"OpenMPI). From N = 3 on this machine (ranks outnumber cores) it goes through the host "
+                f"gate split: every rank copies its 1 MiB into rank 0's shared memory and arrives, "
+                f"reduces its 1/N of the elements over the N blocks and arrives again, then copies the "
+                f"1 MiB result out: two rounds whatever N, where a ring takes 2(N − 1) dependent steps, "
+                f"each waiting for a neighbour to be scheduled. Each rank still moves about 3 MiB "
+                f"(in, its share of the reduction, out), so the bytes through the 2 cores grow as N, and "
+                f"the two rounds' context switches as N per core: about linear, with the copies "
+                f"dominating. At N = 2 (a core per rank) it is the pipelined ring, whose steps run on "
+                f"both cores at once. OpenMPI's is made of messages (its tuned component picks recursive "
+                f"doubling, a ring or Rabenseifner's by size and N), every step of which waits for a "
+                f"peer to run. dshim takes {self.ratio_range('1m')}× OpenMPI's "
+                f"time here over N = {self.nps[0]}…{nmax}.", "",
                 f"gloo (torch, TCP) is {self.gloo_range()} dshim's time at every N it ran and takes "
                 "about a second to start (a TCP full mesh through torch's store); it is capped at N = "
                 f"{self.meta['gloo_max_np']}.", ""]
