@@ -306,15 +306,26 @@ static uint64_t count_arrival(dshim_comm_t *comm, void *area, int *last)
     return episode;
 }
 
-/* This rank's call into its slot (and its data, for an allreduce), then
- * its arrival; returns the episode, *last set when it completed it. */
-static uint64_t arrive(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, const void *data, size_t bytes,
-                       int *last)
+/* This rank's data into its block at byte offset base (the half of a
+ * split allreduce's piece), but for bytes [skip, skip + skip_len), which
+ * nobody else reads. */
+static void copy_in(dshim_comm_t *comm, void *area, size_t base, const void *data, size_t bytes, size_t skip,
+                    size_t skip_len)
+{
+    unsigned char *block = gate_data(area, comm->size, comm->rank) + base;
+    if (skip) {
+        memcpy(block, data, skip);
+    }
+    if (skip + skip_len < bytes) {
+        memcpy(block + skip + skip_len, (const unsigned char *)data + skip + skip_len, bytes - skip - skip_len);
+    }
+}
+
+/* This rank's call into its slot, then its arrival; returns the episode,
+ * *last set when it completed it. */
+static uint64_t arrive(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, int *last)
 {
     gate_slot_t *mine = gate_slot(area, comm->rank);
-    if (bytes) {
-        memcpy(gate_data(area, comm->size, comm->rank), data, bytes);
-    }
     mine->seq = sig->seq;
     mine->count = sig->count;
     mine->coll = sig->coll;
@@ -425,7 +436,7 @@ dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_
         return dshim_xfer_fail(comm, sig, st);
     }
     int last;
-    uint64_t episode = arrive(comm, area, sig, NULL, 0, &last);
+    uint64_t episode = arrive(comm, area, sig, &last);
     if (last) {
         complete(area, episode, first_differing(comm, area));
     } else {
@@ -440,8 +451,15 @@ dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_
  * the L1 cache (one pass over the inputs, not N - 1 over the result). */
 #define GATE_REDUCE_PIECE ((size_t)8 << 10)
 
-static dshim_status_t reduce_blocks(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, size_t off,
-                                    size_t len)
+/* Rank r's data from byte offset base of its block, or for this rank
+ * `own` when given (the caller's buffer, which it did not copy in). */
+static const unsigned char *input(dshim_comm_t *comm, void *area, size_t base, const void *own, int r)
+{
+    return r == comm->rank && own ? (const unsigned char *)own : gate_data(area, comm->size, r) + base;
+}
+
+static dshim_status_t reduce_blocks(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, size_t base,
+                                    size_t off, size_t len, const void *own)
 {
     dshim_dtype_t dt = (dshim_dtype_t)sig->dtype;
     dshim_redop_t op = (dshim_redop_t)sig->redop;
@@ -449,11 +467,11 @@ static dshim_status_t reduce_blocks(dshim_comm_t *comm, void *area, const dshim_
     dshim_status_t st = DSHIM_OK;
     for (size_t done = 0; done < len && st == DSHIM_OK; done += piece) {
         size_t n = len - done < piece ? len - done : piece, at = (off + done) * es;
-        unsigned char *result = gate_data(area, comm->size, comm->size) + at;
-        st = comm->reduce->reduce(result, gate_data(area, comm->size, 0) + at, gate_data(area, comm->size, 1) + at,
+        unsigned char *result = gate_data(area, comm->size, comm->size) + base + at;
+        st = comm->reduce->reduce(result, input(comm, area, base, own, 0) + at, input(comm, area, base, own, 1) + at,
                                   n, dt, op, NULL);
         for (int r = 2; r < comm->size && st == DSHIM_OK; r++) {
-            st = comm->reduce->reduce(result, result, gate_data(area, comm->size, r) + at, n, dt, op, NULL);
+            st = comm->reduce->reduce(result, result, input(comm, area, base, own, r) + at, n, dt, op, NULL);
         }
         if (st == DSHIM_OK && op == DSHIM_AVG) {
             st = comm->reduce->scale_div(result, n, dt, comm->size, NULL);
@@ -477,14 +495,15 @@ dshim_status_t dshim_host_gate_allreduce(dshim_comm_t *comm, const dshim_coll_si
     }
     size_t bytes = count * dshim_dtype_size((dshim_dtype_t)sig->dtype);
     int last;
-    uint64_t episode = arrive(comm, area, sig, sbuf, bytes, &last);
+    copy_in(comm, area, 0, sbuf, bytes, 0, 0);
+    uint64_t episode = arrive(comm, area, sig, &last);
     if (last) {
         /* the whole reduction by the rank that arrived last: the others
          * wait for it anyway, and with ranks sharing cores one pass over N
          * small inputs beats another round of arrivals */
         int32_t differs = first_differing(comm, area);
         if (!differs) {
-            DSHIM_CHECK(reduce_blocks(comm, area, sig, 0, count));
+            DSHIM_CHECK(reduce_blocks(comm, area, sig, 0, 0, count, NULL));
         }
         complete(area, episode, differs);
     } else {
@@ -497,35 +516,46 @@ dshim_status_t dshim_host_gate_allreduce(dshim_comm_t *comm, const dshim_coll_si
     return DSHIM_OK;
 }
 
-/* One piece of a split allreduce: count elements (at most a data block). */
-static dshim_status_t split_piece(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *area, const void *sbuf,
-                                  void *rbuf, size_t count)
+/* The split allreduce goes a piece at a time, each in one half of the data
+ * blocks (and of the result), so that two are in flight: in one round a
+ * rank reduces its share of piece j - 1 and copies piece j into the other
+ * half, then arrives once for both; after the open it copies piece j - 1's
+ * result out.  One arrival per piece and one more, where a piece at a time
+ * would take two.
+ *
+ * A piece is half a block (512 KiB), or with few ranks an eighth of the
+ * message, at least 128 KiB: smaller pieces keep what a round touches in
+ * the caches, more of them cost more rounds, and a round costs more the
+ * more ranks must run.  Measured on 2 cores (paired, time over 512 KiB
+ * pieces'): N = 4 1 MiB 0.74 with 128 KiB pieces, 4 MiB 0.90, 16 MiB
+ * 1.23; N = 8 0.86 / 0.95 / 1.20; N = 16 0.94 / 1.11 / 1.13; N = 32
+ * 1.22 / 1.16 / 1.26 (docs/benchmarks.md, "The split gate"). */
+#define GATE_SPLIT_PIECE_MAX (DSHIM_HOST_AREA_DATA / 2)
+#define GATE_SPLIT_PIECE_MIN ((size_t)128 << 10)
+#define GATE_SPLIT_SMALL_PIECES_MAX_RANKS 8
+
+static size_t split_piece_bytes(const dshim_comm_t *comm, size_t bytes)
 {
-    size_t bytes = count * dshim_dtype_size((dshim_dtype_t)sig->dtype);
-    int last;
-    uint64_t episode = arrive(comm, area, sig, sbuf, bytes, &last);
-    if (last) {
-        complete(area, episode, first_differing(comm, area));
-    } else {
-        DSHIM_CHECK(wait_open(comm, sig, area, episode));
+    if (comm->size > GATE_SPLIT_SMALL_PIECES_MAX_RANKS) {
+        return GATE_SPLIT_PIECE_MAX;
     }
-    DSHIM_CHECK(check_calls(comm, sig, area));
-    /* every block is in: this rank's share of the result, then a second
-     * arrival (the data blocks stay until every share is reduced: a rank
-     * writes its block again only after it passed this episode) */
-    size_t off, len;
-    dshim_part(count, comm->size, comm->rank, &off, &len);
-    if (len) {
-        DSHIM_CHECK(reduce_blocks(comm, area, sig, off, len));
-    }
-    episode = count_arrival(comm, area, &last);
-    if (last) {
-        complete(area, episode, 0);
-    } else {
-        DSHIM_CHECK(wait_open(comm, sig, area, episode));
-    }
-    memcpy(rbuf, gate_data(area, comm->size, comm->size), bytes);
-    return DSHIM_OK;
+    size_t piece = bytes / 8 / 4096 * 4096;
+    return piece < GATE_SPLIT_PIECE_MIN ? GATE_SPLIT_PIECE_MIN
+           : piece > GATE_SPLIT_PIECE_MAX ? GATE_SPLIT_PIECE_MAX
+                                          : piece;
+}
+
+/* Piece j of a split allreduce: its first element, its count, and the
+ * byte offset of its half in the blocks. */
+typedef struct split_piece {
+    size_t first, count, base;
+} split_piece_t;
+
+static split_piece_t piece_at(size_t count, size_t piece, size_t j)
+{
+    split_piece_t p = {.first = j * piece, .count = count - j * piece < piece ? count - j * piece : piece,
+                       .base = (j & 1) * (DSHIM_HOST_AREA_DATA / 2)};
+    return p;
 }
 
 dshim_status_t dshim_host_gate_allreduce_split(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
@@ -536,12 +566,43 @@ dshim_status_t dshim_host_gate_allreduce_split(dshim_comm_t *comm, const dshim_c
     if (st != DSHIM_OK) {
         return dshim_xfer_fail(comm, sig, st);
     }
-    /* larger than a data block: a block's worth at a time (the call in the
-     * slots is the whole call's, checked again at every piece) */
-    size_t es = dshim_dtype_size((dshim_dtype_t)sig->dtype), piece = DSHIM_HOST_AREA_DATA / es;
-    for (size_t done = 0; done < count; done += piece) {
-        DSHIM_CHECK(split_piece(comm, sig, area, (const unsigned char *)sbuf + done * es,
-                                (unsigned char *)rbuf + done * es, count - done < piece ? count - done : piece));
+    size_t es = dshim_dtype_size((dshim_dtype_t)sig->dtype), piece = split_piece_bytes(comm, count * es) / es;
+    size_t pieces = (count + piece - 1) / piece;
+    const unsigned char *sb = sbuf;
+    unsigned char *rb = rbuf;
+    for (size_t j = 0; j <= pieces; j++) {
+        if (j > 0) {
+            /* this rank's share of piece j - 1 (its own part read from sbuf:
+             * it never copied it in) */
+            split_piece_t p = piece_at(count, piece, j - 1);
+            size_t off, len;
+            dshim_part(p.count, comm->size, comm->rank, &off, &len);
+            if (len) {
+                DSHIM_CHECK(reduce_blocks(comm, area, sig, p.base, off, len, sb + p.first * es));
+            }
+        }
+        if (j < pieces) {
+            /* piece j in, but for this rank's share, which only it reads */
+            split_piece_t p = piece_at(count, piece, j);
+            size_t off, len;
+            dshim_part(p.count, comm->size, comm->rank, &off, &len);
+            copy_in(comm, area, p.base, sb + p.first * es, p.count * es, off * es, len * es);
+        }
+        int last;
+        uint64_t episode = j == 0 ? arrive(comm, area, sig, &last) : count_arrival(comm, area, &last);
+        if (last) {
+            complete(area, episode, j == 0 ? first_differing(comm, area) : 0);
+        } else {
+            DSHIM_CHECK(wait_open(comm, sig, area, episode));
+        }
+        if (j == 0) {
+            DSHIM_CHECK(check_calls(comm, sig, area));
+        } else {
+            /* every share of piece j - 1 is reduced; its half of the result
+             * is written again only after every rank arrived once more */
+            split_piece_t p = piece_at(count, piece, j - 1);
+            memcpy(rb + p.first * es, gate_data(area, comm->size, comm->size) + p.base, p.count * es);
+        }
     }
     return DSHIM_OK;
 }

@@ -532,6 +532,10 @@ static int body(int rank, int size, int port, void *arg)
             test_data_movement(&s, (dshim_dtype_t)d, sizes[k], seed++);
         }
     }
+    /* messages of several pieces of the split host gate (128-512 KiB each)
+     * with ragged ends, through whatever auto or DSHIM_ALGO picks */
+    test_reductions(&s, DSHIM_FLOAT64, DSHIM_SUM, ((size_t)1 << 20) / 8 + 1027, 7);
+    test_reductions(&s, DSHIM_INT8, DSHIM_MAX, ((size_t)3 << 20) + 5, 8);
     if (s.big) {
         size_t count = (64u << 20) / sizeof(float);
         test_reductions(&s, DSHIM_FLOAT32, DSHIM_SUM, count, 5);
