@@ -96,9 +96,9 @@ static inline int dshim_allreduce_rabenseifner_fits(const dshim_comm_t *comm, si
  * ranks on; above, the split form at every size (a data block at a time).
  * Measured on 2 cores (paired, time with messages over the gate's):
  * one round N = 4 4 / 16 / 32 / 64 KiB 1.60 / 1.46 / 1.01 / 0.65, N = 8
- * 2.22 / 1.79 / 2.10 / 2.61; split N = 4 64 KiB / 256 KiB / 4 MiB / 64 MiB
- * 1.2-1.6 / 1.3-1.8 / 1.12 / 1.11, 1 MiB 1.0-1.3, N = 8 and 16 1.2-2.1
- * from 256 KiB to 16 MiB (docs/benchmarks.md, "The host gate").  With a
+ * 2.22 / 1.79 / 2.10 / 2.61; split N = 4 64 / 256 KiB 1.2-1.6 / 1.3-1.8,
+ * 1 / 4 / 16 MiB 1.96 / 1.29 / 1.32, N = 8, 16, 32 1.4-2.2 from 1 to 16 MiB
+ * (docs/benchmarks.md, "The host gate", "The split gate").  With a
  * core per rank the messages of all ranks move at once and the gate's
  * copies lose (N = 2: 4 KiB 1.2-1.6x, 1 MiB 1.3-2.2x the time): not used
  * there. */
