@@ -1,7 +1,7 @@
 /*
- * The host gate: the barrier and the small allreduces of a communicator
- * whose ranks all share one host, run through a counter in shared memory
- * instead of messages.
+ * The host gate: the barrier and (with more ranks than cores) the
+ * allreduces of a communicator whose ranks all share one host, run through
+ * a counter in shared memory instead of messages.
  *
  * Messages take ceil(log2 N) rounds (a dissemination barrier, recursive
  * doubling), and with more ranks than cores every round waits for each rank
@@ -9,7 +9,9 @@
  * allreduce's data) into its slot and adds one to a shared counter; the
  * last to arrive checks that the calls agree, reduces the data in rank order
  * into a result, and opens the gate; the others copy the result out.  One
- * round whatever N (docs/benchmarks.md, "The host gate").
+ * round whatever N (docs/benchmarks.md, "The host gate").  Larger
+ * allreduces split the reduction: each rank reduces its 1/N, one more
+ * round per piece ("The split gate").
  *
  * The memory is a host-local transport's host area (transport.h), rank 0's;
  * in it (docs/wire-protocol.md section 4 has the offsets):
@@ -22,7 +24,8 @@
  *               count, dtype, op): who has not arrived, and the check of
  *               the calls, here and against the ranks that send messages
  *   data        a block per rank and one for the result
- *               (DSHIM_HOST_AREA_DATA bytes each)
+ *               (DSHIM_HOST_AREA_DATA bytes each; the split allreduce
+ *               uses them as two halves, a piece in each)
  */
 #ifndef DSHIM_HOST_GATE_H
 #define DSHIM_HOST_GATE_H
@@ -44,10 +47,11 @@ dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_
  * and every rank copies the result out. */
 dshim_status_t dshim_host_gate_allreduce(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
                                          void *rbuf, size_t count);
-/* The same with the reduction split: every rank copies its data in and
- * arrives; then each reduces its 1/N of the elements over the N blocks
- * into the result and arrives again; then every rank copies the result out.
- * Two rounds, but N ranks reduce at once (medium messages). */
+/* The same with the reduction split, for any count: every rank copies its
+ * data in and arrives; then each reduces its 1/N of the elements over the N
+ * blocks into the result and arrives again; then every rank copies the
+ * result out.  In pieces, two in flight: pieces + 1 rounds, and N ranks
+ * reduce at once. */
 dshim_status_t dshim_host_gate_allreduce_split(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
                                                void *rbuf, size_t count);
 /* For the signature check against ranks that send no message: a rank other
