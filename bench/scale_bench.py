@@ -723,12 +723,12 @@ class Report:
                     f"{c.get('rank0_established')} sockets: its connections, its store client, and the "
                     f"store's end of every rank's connection.", "",
                     f"**Shared memory: one inbox per peer talked to.** Every rank creates an inbox of N "
-                    f"rings × 1 MiB (`DSHIM_SHM_RING_SIZE`) and a host area of N + 1 blocks of 1 MiB (only "
-                    f"pages that carry data are ever allocated: the host area only in rank 0's inbox, "
-                    f"where the host gate meets) and maps a peer's inbox when it first connects to that "
-                    f"peer, and rank 0's for the host gate: {c.get('shm_segments')} segments, "
+                    f"rings × 1 MiB (`DSHIM_SHM_RING_SIZE`; rank 0's also the host gate's area, N + 1 blocks "
+                    f"of 1 MiB; only pages that carry data are ever allocated) and maps a peer's inbox when "
+                    f"it first connects to that peer, and rank 0's for the host gate: "
+                    f"{c.get('shm_segments')} segments, "
                     f"{c.get('shm_mapped_mib', 0):.0f} MiB of address space per rank at N = {cn} (a full "
-                    f"mesh would map N: 2N² MiB). The files are unlinked as soon as they are created "
+                    f"mesh would map N: N² MiB). The files are unlinked as soon as they are created "
                     f"(peers open them through the owner's descriptor): nothing is ever left in /dev/shm.",
                     ""]
         out += [f"**Start-up time** (max over ranks: exponent {k('dshim', 'init')} for dshim, "

@@ -33,9 +33,10 @@
  *  - host_area (optional; host-local transports): memory shared by the
  *    ranks of this host in the communicator, for the collectives they run
  *    through shared words instead of messages (shim/comm/host_gate.c lays
- *    it out).  Every rank's setup makes dshim_host_area_bytes(size)
- *    zero-filled bytes; the ranks of a host use those of `owner`, the
- *    host's lowest rank.  The first call maps them (through the owner's
+ *    it out).  The setup of the communicator's rank 0 makes
+ *    dshim_host_area_bytes(size) zero-filled bytes; the ranks of its host
+ *    use them (`owner` is rank 0; another owner is an error).  The first
+ *    call maps them (through the owner's
  *    process, so the owner must be alive then: the core calls it before it
  *    can need them), later calls return the same pointer, teardown unmaps.
  *

@@ -207,8 +207,8 @@ static void child_main(pair_fn fn, size_t ring_size, int fd)
     pair_ctx_t c = {.ring_size = ring_size, .rank = 1};
     pair_ctx_t *ctx = &c;
     int rc = 1;
-    if (dshim_shm_seg_attach(g_dir, "in1", 2, ring_size, &c.my_inbox) != DSHIM_OK ||
-        dshim_shm_seg_attach(g_dir, "in0", 2, ring_size, &c.peer_inbox) != DSHIM_OK ||
+    if (dshim_shm_seg_attach(g_dir, "in1", 2, ring_size, 0, &c.my_inbox) != DSHIM_OK ||
+        dshim_shm_seg_attach(g_dir, "in0", 2, ring_size, 0, &c.peer_inbox) != DSHIM_OK ||
         dshim_shm_conn_create(c.my_inbox, c.peer_inbox, 1, 0, fd, &c.conn) != DSHIM_OK) {
         snprintf(c.err, sizeof(c.err), "child set-up: %s", dshim_last_error());
     } else {
@@ -232,8 +232,8 @@ static int run_pair_status(size_t ring_size, pair_fn parent_fn, pair_fn child_fn
     pair_ctx_t c = {.ring_size = ring_size, .rank = 0};
     int sv[2];
 
-    if (dshim_shm_seg_create(g_dir, "in0", 2, ring_size, &c.my_inbox) != DSHIM_OK ||
-        dshim_shm_seg_create(g_dir, "in1", 2, ring_size, &c.peer_inbox) != DSHIM_OK ||
+    if (dshim_shm_seg_create(g_dir, "in0", 2, ring_size, 0, &c.my_inbox) != DSHIM_OK ||
+        dshim_shm_seg_create(g_dir, "in1", 2, ring_size, 0, &c.peer_inbox) != DSHIM_OK ||
         socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
         snprintf(err, err_len, "set-up: %s", dshim_last_error());
         dshim_shm_seg_detach(c.my_inbox);
@@ -550,7 +550,7 @@ END_TEST
 START_TEST(test_doorbell_timeout)
 {
     dshim_shm_seg_t *seg = NULL;
-    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 1, 4096, &seg), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 1, 4096, 0, &seg), DSHIM_OK);
     uint32_t seen = dshim_shm_doorbell_arm(seg);
 
     double t0 = now_s();
@@ -643,7 +643,7 @@ START_TEST(test_segment_lifecycle)
 {
     dshim_shm_seg_t *own = NULL, *peer = NULL, *bad = NULL;
 
-    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 4, 8192, &own), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 4, 8192, 0, &own), DSHIM_OK);
     ck_assert(file_exists("seg"));
     char path[128];
     struct stat sb;
@@ -652,19 +652,19 @@ START_TEST(test_segment_lifecycle)
     ck_assert_int_eq(sb.st_mode & 0777, 0600);
 
     /* the attached mapping sees the owner's doorbell */
-    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 4, 8192, &peer), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 4, 8192, 0, &peer), DSHIM_OK);
     ck_assert_uint_eq(dshim_shm_doorbell_arm(peer), dshim_shm_doorbell_arm(own));
     dshim_shm_doorbell_disarm(peer);
     dshim_shm_doorbell_disarm(own);
 
     /* mismatches */
-    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 3, 8192, &bad), DSHIM_ERR_PROTOCOL);
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 3, 8192, 0, &bad), DSHIM_ERR_PROTOCOL);
     ck_assert_ptr_null(bad);
-    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 4, 4096, &bad), DSHIM_ERR_PROTOCOL);
-    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 4, 16384, &bad), DSHIM_ERR_PROTOCOL);
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 4, 4096, 0, &bad), DSHIM_ERR_PROTOCOL);
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 4, 16384, 0, &bad), DSHIM_ERR_PROTOCOL);
 
     /* create twice */
-    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 4, 8192, &bad), DSHIM_ERR_SYSTEM);
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 4, 8192, 0, &bad), DSHIM_ERR_SYSTEM);
     ck_assert_ptr_null(bad);
     ck_assert(file_exists("seg"));
 
@@ -673,14 +673,14 @@ START_TEST(test_segment_lifecycle)
     ck_assert(!file_exists("seg"));
     ck_assert_int_eq(dshim_shm_doorbell_wait(peer, dshim_shm_doorbell_arm(peer) + 1, 1000), DSHIM_OK);
     dshim_shm_doorbell_disarm(peer);
-    ck_assert_int_ne(dshim_shm_seg_attach(g_dir, "seg", 4, 8192, &bad), DSHIM_OK);
+    ck_assert_int_ne(dshim_shm_seg_attach(g_dir, "seg", 4, 8192, 0, &bad), DSHIM_OK);
     dshim_shm_seg_detach(peer);
     dshim_shm_seg_detach(own);
 
     /* an owner that never unlinked removes the file when it detaches;
      * a peer's detach does not */
-    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 1, 4096, &own), DSHIM_OK);
-    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 1, 4096, &peer), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 1, 4096, 0, &own), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 1, 4096, 0, &peer), DSHIM_OK);
     dshim_shm_seg_detach(peer);
     ck_assert(file_exists("seg"));
     dshim_shm_seg_detach(own);
@@ -688,22 +688,23 @@ START_TEST(test_segment_lifecycle)
 }
 END_TEST
 
-/* The host area: zero-filled, the same memory through every mapping, and
- * apart from the rings (filling it disturbs no ring). */
+/* The host area: zero-filled, the same memory through every mapping,
+ * apart from the rings (filling it disturbs no ring), and only in the
+ * segment made with one. */
 START_TEST(test_segment_host_area)
 {
     dshim_shm_seg_t *own = NULL, *peer = NULL;
     const int nrings = 3;
-    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", nrings, 4096, &own), DSHIM_OK);
-    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", nrings, 4096, &peer), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", nrings, 4096, 1, &own), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", nrings, 4096, 1, &peer), DSHIM_OK);
     unsigned char *a = dshim_shm_seg_host_area(own), *b = dshim_shm_seg_host_area(peer);
     size_t len = dshim_host_area_bytes(nrings);
     ck_assert_ptr_nonnull(a);
     ck_assert_ptr_ne(a, b);
     ck_assert_int_eq((uintptr_t)a % DSHIM_HOST_AREA_LINE, 0);
-    for (size_t i = 0; i < len; i++) {
-        ck_assert_int_eq(b[i], 0);
-    }
+    unsigned char *want = calloc(1, len); /* memcmp: the area is megabytes */
+    ck_assert_ptr_nonnull(want);
+    ck_assert_int_eq(memcmp(b, want, len), 0);
     /* a message in ring 0 (0 -> 1) and ring 2, then the whole area written */
     dshim_shm_ring_t r0, r2;
     ck_assert_int_eq(dshim_shm_seg_ring(own, 0, &r0), DSHIM_OK);
@@ -714,9 +715,9 @@ START_TEST(test_segment_host_area)
     ck_assert_uint_eq(dshim_shm_producer_write(&p0, "ring zero", 10), 10);
     ck_assert_uint_eq(dshim_shm_producer_write(&p2, "ring two", 9), 9);
     memset(a, 0xA5, len);
-    for (size_t i = 0; i < len; i++) {
-        ck_assert_int_eq(b[i], 0xA5);
-    }
+    memset(want, 0xA5, len);
+    ck_assert_int_eq(memcmp(b, want, len), 0);
+    free(want);
     ck_assert((unsigned char *)r0.head >= a + len);
     dshim_shm_ring_t q0, q2;
     ck_assert_int_eq(dshim_shm_seg_ring(peer, 0, &q0), DSHIM_OK);
@@ -729,7 +730,15 @@ START_TEST(test_segment_host_area)
     ck_assert_str_eq(got, "ring zero");
     ck_assert_uint_eq(dshim_shm_consumer_read(&c2, got, sizeof(got)), 9);
     ck_assert_str_eq(got, "ring two");
+    /* attaching it as a segment without an area: a size mismatch */
+    dshim_shm_seg_t *bad = NULL;
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", nrings, 4096, 0, &bad), DSHIM_ERR_PROTOCOL);
     dshim_shm_seg_detach(peer);
+    dshim_shm_seg_detach(own);
+    /* only the segment that holds the area has one (rank 0's inbox) */
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", nrings, 4096, 0, &own), DSHIM_OK);
+    ck_assert_ptr_null(dshim_shm_seg_host_area(own));
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", nrings, 4096, 1, &bad), DSHIM_ERR_PROTOCOL);
     dshim_shm_seg_detach(own);
 }
 END_TEST
@@ -748,7 +757,7 @@ START_TEST(test_segment_garbage)
     }
     write_file("garbage", junk, len);
     /* check the size is right, so that the header check is what fails */
-    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 2, 4096, &own), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 2, 4096, 1, &own), DSHIM_OK);
     char path[128];
     struct stat sb;
     snprintf(path, sizeof(path), "%s/seg", g_dir);
@@ -756,19 +765,19 @@ START_TEST(test_segment_garbage)
     ck_assert_int_eq((size_t)sb.st_size, len);
     dshim_shm_seg_detach(own);
 
-    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "garbage", 2, 4096, &bad), DSHIM_ERR_PROTOCOL);
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "garbage", 2, 4096, 1, &bad), DSHIM_ERR_PROTOCOL);
     ck_assert_ptr_null(bad);
     /* a zeroed file of the right size (a creator that had not finished) */
     memset(junk, 0, len);
     write_file("garbage", junk, len);
-    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "garbage", 2, 4096, &bad), DSHIM_ERR_PROTOCOL);
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "garbage", 2, 4096, 1, &bad), DSHIM_ERR_PROTOCOL);
     /* truncated */
     write_file("short", junk, 100);
-    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "short", 2, 4096, &bad), DSHIM_ERR_PROTOCOL);
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "short", 2, 4096, 1, &bad), DSHIM_ERR_PROTOCOL);
     ck_assert_ptr_null(bad);
     free(junk);
     /* absent */
-    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 2, 4096, &bad), DSHIM_ERR_SYSTEM);
+    ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 2, 4096, 0, &bad), DSHIM_ERR_SYSTEM);
     remove_in_dir("garbage");
     remove_in_dir("short");
 }
@@ -779,16 +788,16 @@ START_TEST(test_segment_invalid)
     static const size_t bad_sizes[] = {0, 8, 2048, 4095, 4097, 5000, 12288, (size_t)1 << 31};
     dshim_shm_seg_t *seg = NULL;
     for (size_t i = 0; i < sizeof(bad_sizes) / sizeof(bad_sizes[0]); i++) {
-        ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 1, bad_sizes[i], &seg), DSHIM_ERR_INVALID);
-        ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 1, bad_sizes[i], &seg), DSHIM_ERR_INVALID);
+        ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 1, bad_sizes[i], 0, &seg), DSHIM_ERR_INVALID);
+        ck_assert_int_eq(dshim_shm_seg_attach(g_dir, "seg", 1, bad_sizes[i], 0, &seg), DSHIM_ERR_INVALID);
         ck_assert_ptr_null(seg);
     }
-    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 0, 4096, &seg), DSHIM_ERR_INVALID);
-    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "a/b", 1, 4096, &seg), DSHIM_ERR_INVALID);
-    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "", 1, 4096, &seg), DSHIM_ERR_INVALID);
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 0, 4096, 0, &seg), DSHIM_ERR_INVALID);
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "a/b", 1, 4096, 0, &seg), DSHIM_ERR_INVALID);
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "", 1, 4096, 0, &seg), DSHIM_ERR_INVALID);
     ck_assert(!file_exists("seg"));
     /* a conn to a rank the segment has no ring for */
-    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 2, 4096, &seg), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 2, 4096, 0, &seg), DSHIM_OK);
     dshim_conn_t *conn = NULL;
     ck_assert_int_eq(dshim_shm_conn_create(seg, seg, 0, 2, -1, &conn), DSHIM_ERR_INVALID);
     ck_assert_ptr_null(conn);
@@ -804,7 +813,7 @@ START_TEST(test_loopback_semantics)
     dshim_conn_t *conn = NULL;
     int sv[2];
     ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 1, 4096, &seg), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 1, 4096, 0, &seg), DSHIM_OK);
     ck_assert_int_eq(dshim_shm_conn_create(seg, seg, 0, 0, sv[0], &conn), DSHIM_OK);
     ck_assert_str_eq(conn->ops->name, "shm");
     ck_assert_ptr_nonnull(conn->ops->wait_arm); /* waits on the doorbell, not on the socket */

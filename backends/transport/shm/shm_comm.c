@@ -4,8 +4,9 @@
  * first use: a rank maps only the inboxes of the peers it talks to) and the
  * doorbell of the inbox, on which the engine sleeps.
  *
- * The inbox also holds the host area (transport.h host_area): the ranks of
- * the host use their lowest rank's, mapped with its inbox.
+ * Rank 0's inbox also holds the host area (transport.h host_area), which
+ * the ranks of its host map with that inbox; the others have none (its
+ * data blocks would take (N + 1) MiB of /dev/shm's free space from each).
  *
  * The inbox file is removed right after it is created and mapped; its
  * descriptor stays open, and peers open the file through it
@@ -26,6 +27,10 @@
 #include "status.h"
 #include "transport/shm/shm_comm.h"
 #include "transport/shm/shm_ring.h"
+
+/* Whether rank r's inbox holds the host area: rank 0's (the one the host
+ * gate uses, when every rank is on its host). */
+#define SHM_HOLDS_AREA(r) ((r) == 0)
 
 typedef struct shm_comm {
     int rank, size;
@@ -62,7 +67,8 @@ dshim_status_t dshim_shm_comm_setup(const dshim_transport_comm_t *comm, void **s
      * crashed job cannot be adopted (create is O_EXCL) */
     char name[64];
     snprintf(name, sizeof(name), "dshim-%d-%016" PRIx64, (int)getpid(), comm->comm_hash);
-    dshim_status_t st = dshim_shm_seg_create(sc->dir, name, comm->size, sc->ring_size, &sc->inbox);
+    dshim_status_t st =
+        dshim_shm_seg_create(sc->dir, name, comm->size, sc->ring_size, SHM_HOLDS_AREA(comm->rank), &sc->inbox);
     if (st != DSHIM_OK) {
         DSHIM_WARN("rank %d: shared memory unavailable (%s); using TCP between local ranks", comm->rank,
                    dshim_last_error());
@@ -97,7 +103,8 @@ static dshim_status_t hold_inbox(shm_comm_t *sc, const dshim_transport_peer_t *p
     dshim_status_t st = DSHIM_OK;
     pthread_mutex_lock(&sc->inbox_lock);
     if (sc->peer_inbox[peer->rank] == NULL) {
-        st = dshim_shm_seg_attach_fd(pid, seg_fd, sc->size, sc->ring_size, &sc->peer_inbox[peer->rank]);
+        st = dshim_shm_seg_attach_fd(pid, seg_fd, sc->size, sc->ring_size, SHM_HOLDS_AREA(peer->rank),
+                                     &sc->peer_inbox[peer->rank]);
     }
     pthread_mutex_unlock(&sc->inbox_lock);
     if (st != DSHIM_OK) {
@@ -134,10 +141,14 @@ dshim_status_t dshim_shm_comm_host_area(void *state, const dshim_transport_peer_
     }
     if (owner->rank == sc->rank) {
         *area_p = dshim_shm_seg_host_area(sc->inbox);
-        return DSHIM_OK;
+    } else {
+        DSHIM_CHECK(hold_inbox(sc, owner));
+        *area_p = dshim_shm_seg_host_area(sc->peer_inbox[owner->rank]);
     }
-    DSHIM_CHECK(hold_inbox(sc, owner));
-    *area_p = dshim_shm_seg_host_area(sc->peer_inbox[owner->rank]);
+    if (*area_p == NULL) {
+        return dshim_error(DSHIM_ERR_INTERNAL, "shm: rank %d's inbox has no host area (only rank 0's has one)",
+                           owner->rank);
+    }
     return DSHIM_OK;
 }
 

@@ -7,9 +7,9 @@
  *
  *   line 0            header: magic, version, nrings, ring_size
  *   line 1            doorbell (u32) + sleepers (u32)
- *   host area         dshim_host_area_bytes(nrings), rounded up to lines
- *                     (transport.h host_area; only the host's lowest rank's
- *                     is used, and pages nobody touches cost nothing)
+ *   host area         dshim_host_area_bytes(nrings), rounded up to lines,
+ *                     in rank 0's inbox only (transport.h host_area; pages
+ *                     nobody touches cost nothing); 0 bytes in the others
  *   per ring i:       head line (producer position, u64)
  *                     tail line (consumer position, u64)
  *                     data (ring_size bytes)

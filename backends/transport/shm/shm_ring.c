@@ -45,6 +45,7 @@ struct dshim_shm_seg {
     size_t map_bytes;
     int nrings;
     size_t ring_size;
+    size_t area_bytes; /* the host area's (0: none) */
     char *path;
     int owner;     /* created it: detach removes the file if nobody did */
     int unlinked;
@@ -67,10 +68,9 @@ static size_t ring_stride(size_t ring_size)
 }
 
 /* Where the rings begin: after the header, the doorbell and the host area. */
-static size_t rings_offset(int nrings)
+static size_t rings_offset(size_t area_bytes)
 {
-    size_t area = dshim_host_area_bytes(nrings);
-    return 2 * DSHIM_SHM_LINE + (area + DSHIM_SHM_LINE - 1) / DSHIM_SHM_LINE * DSHIM_SHM_LINE;
+    return 2 * DSHIM_SHM_LINE + (area_bytes + DSHIM_SHM_LINE - 1) / DSHIM_SHM_LINE * DSHIM_SHM_LINE;
 }
 
 _Static_assert(DSHIM_HOST_AREA_LINE <= DSHIM_SHM_LINE && DSHIM_SHM_LINE % DSHIM_HOST_AREA_LINE == 0,
@@ -99,7 +99,7 @@ static dshim_status_t check_geometry(const char *dir, const char *name, int nrin
     return DSHIM_OK;
 }
 
-static dshim_status_t seg_alloc(const char *dir, const char *name, int nrings, size_t ring_size,
+static dshim_status_t seg_alloc(const char *dir, const char *name, int nrings, size_t ring_size, int host_area,
                                 dshim_shm_seg_t **seg_p)
 {
     dshim_shm_seg_t *seg = calloc(1, sizeof(*seg));
@@ -115,7 +115,8 @@ static dshim_status_t seg_alloc(const char *dir, const char *name, int nrings, s
     seg->fd = -1;
     seg->nrings = nrings;
     seg->ring_size = ring_size;
-    seg->map_bytes = rings_offset(nrings) + (size_t)nrings * ring_stride(ring_size);
+    seg->area_bytes = host_area ? dshim_host_area_bytes(nrings) : 0;
+    seg->map_bytes = rings_offset(seg->area_bytes) + (size_t)nrings * ring_stride(ring_size);
     *seg_p = seg;
     return DSHIM_OK;
 }
@@ -153,7 +154,7 @@ static dshim_status_t check_space(const char *dir, size_t bytes)
     return DSHIM_OK;
 }
 
-dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nrings, size_t ring_size,
+dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nrings, size_t ring_size, int host_area,
                                     dshim_shm_seg_t **seg_p)
 {
     dshim_shm_seg_t *seg;
@@ -161,7 +162,7 @@ dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nring
 
     *seg_p = NULL;
     DSHIM_CHECK(check_geometry(dir, name, nrings, ring_size));
-    DSHIM_CHECK(seg_alloc(dir, name, nrings, ring_size, &seg));
+    DSHIM_CHECK(seg_alloc(dir, name, nrings, ring_size, host_area, &seg));
     st = check_space(dir, seg->map_bytes);
     if (st != DSHIM_OK) {
         seg_free(seg);
@@ -280,17 +281,18 @@ out:
     return DSHIM_OK;
 }
 
-dshim_status_t dshim_shm_seg_attach(const char *dir, const char *name, int nrings, size_t ring_size,
+dshim_status_t dshim_shm_seg_attach(const char *dir, const char *name, int nrings, size_t ring_size, int host_area,
                                     dshim_shm_seg_t **seg_p)
 {
     dshim_shm_seg_t *seg;
     *seg_p = NULL;
     DSHIM_CHECK(check_geometry(dir, name, nrings, ring_size));
-    DSHIM_CHECK(seg_alloc(dir, name, nrings, ring_size, &seg));
+    DSHIM_CHECK(seg_alloc(dir, name, nrings, ring_size, host_area, &seg));
     return attach_seg(seg, 0, nrings, ring_size, seg_p);
 }
 
-dshim_status_t dshim_shm_seg_attach_fd(int pid, int fd, int nrings, size_t ring_size, dshim_shm_seg_t **seg_p)
+dshim_status_t dshim_shm_seg_attach_fd(int pid, int fd, int nrings, size_t ring_size, int host_area,
+                                       dshim_shm_seg_t **seg_p)
 {
     dshim_shm_seg_t *seg;
     char dir[32], name[16];
@@ -298,7 +300,7 @@ dshim_status_t dshim_shm_seg_attach_fd(int pid, int fd, int nrings, size_t ring_
     snprintf(dir, sizeof(dir), "/proc/%d/fd", pid);
     snprintf(name, sizeof(name), "%d", fd);
     DSHIM_CHECK(check_geometry(dir, name, nrings, ring_size));
-    DSHIM_CHECK(seg_alloc(dir, name, nrings, ring_size, &seg));
+    DSHIM_CHECK(seg_alloc(dir, name, nrings, ring_size, host_area, &seg));
     return attach_seg(seg, 1, nrings, ring_size, seg_p);
 }
 
@@ -333,7 +335,7 @@ void dshim_shm_seg_detach(dshim_shm_seg_t *seg)
 
 void *dshim_shm_seg_host_area(dshim_shm_seg_t *seg)
 {
-    return seg->base + 2 * DSHIM_SHM_LINE;
+    return seg->area_bytes ? seg->base + 2 * DSHIM_SHM_LINE : NULL;
 }
 
 dshim_status_t dshim_shm_seg_ring(dshim_shm_seg_t *seg, int index, dshim_shm_ring_t *ring_p)
@@ -342,7 +344,7 @@ dshim_status_t dshim_shm_seg_ring(dshim_shm_seg_t *seg, int index, dshim_shm_rin
         return dshim_error(DSHIM_ERR_INVALID, "shm: ring %d does not exist in segment %s (%d rings)", index,
                            seg ? seg->path : "(null)", seg ? seg->nrings : 0);
     }
-    unsigned char *r = seg->base + rings_offset(seg->nrings) + (size_t)index * ring_stride(seg->ring_size);
+    unsigned char *r = seg->base + rings_offset(seg->area_bytes) + (size_t)index * ring_stride(seg->ring_size);
     ring_p->head = (uint64_t *)r;
     ring_p->tail = (uint64_t *)(r + DSHIM_SHM_LINE);
     ring_p->data = r + 2 * DSHIM_SHM_LINE;

@@ -26,23 +26,28 @@
 typedef struct dshim_shm_seg dshim_shm_seg_t;
 
 /* Owner side: creates (O_EXCL) and maps DIR/NAME with `nrings` rings of
- * ring_size bytes (a power of two >= 4096). */
-dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nrings, size_t ring_size,
+ * ring_size bytes (a power of two >= 4096), and a host area of
+ * dshim_host_area_bytes(nrings) when host_area is set (only the segment of
+ * the rank that holds the area has one). */
+dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nrings, size_t ring_size, int host_area,
                                     dshim_shm_seg_t **seg_p);
 /* Peer side: maps an existing segment; checks its header (magic, nrings,
- * ring_size) and fails with DSHIM_ERR_PROTOCOL on a mismatch. */
-dshim_status_t dshim_shm_seg_attach(const char *dir, const char *name, int nrings, size_t ring_size,
+ * ring_size, size: host_area must be the creator's) and fails with
+ * DSHIM_ERR_PROTOCOL on a mismatch. */
+dshim_status_t dshim_shm_seg_attach(const char *dir, const char *name, int nrings, size_t ring_size, int host_area,
                                     dshim_shm_seg_t **seg_p);
 /* Peer side, for a segment whose file the owner (process `pid`) already
  * removed: maps it through the owner's descriptor fd (/proc/PID/fd/FD, which
  * a process of the same user may open), with the checks of attach. */
-dshim_status_t dshim_shm_seg_attach_fd(int pid, int fd, int nrings, size_t ring_size, dshim_shm_seg_t **seg_p);
+dshim_status_t dshim_shm_seg_attach_fd(int pid, int fd, int nrings, size_t ring_size, int host_area,
+                                       dshim_shm_seg_t **seg_p);
 /* The owner's descriptor of a segment it created (open until detach). */
 int dshim_shm_seg_fd(const dshim_shm_seg_t *seg);
 /* Removes the file (mappings stay valid, and so does the owner's descriptor). */
 void dshim_shm_seg_unlink(dshim_shm_seg_t *seg);
 void dshim_shm_seg_detach(dshim_shm_seg_t *seg);
-/* The segment's host area (transport.h host_area): dshim_host_area_bytes(nrings). */
+/* The segment's host area (transport.h host_area): dshim_host_area_bytes(nrings)
+ * bytes; NULL when it was made without one. */
 void *dshim_shm_seg_host_area(dshim_shm_seg_t *seg);
 
 /* Connection my_rank <-> peer_rank.  Sends go to peer_inbox's ring number
