@@ -445,18 +445,19 @@ dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_
     return check_calls(comm, sig, area);
 }
 
-/* Elements [off, off + len) of the result: the ranks' data blocks reduced
- * in rank order (every rank gets these bits, whoever computes them), AVG
- * divided once.  A piece at a time, all N blocks into it while it sits in
- * the L1 cache (one pass over the inputs, not N - 1 over the result). */
-#define GATE_REDUCE_PIECE ((size_t)8 << 10)
-
 /* Rank r's data from byte offset base of its block, or for this rank
  * `own` when given (the caller's buffer, which it did not copy in). */
 static const unsigned char *input(dshim_comm_t *comm, void *area, size_t base, const void *own, int r)
 {
     return r == comm->rank && own ? (const unsigned char *)own : gate_data(area, comm->size, r) + base;
 }
+
+/* Elements [off, off + len) of the result (from byte offset base of the
+ * blocks): the ranks' data reduced in rank order (every rank gets these
+ * bits, whoever computes them), AVG divided once.  GATE_REDUCE_PIECE at a
+ * time, all N inputs into it while it sits in the L1 cache (one pass over
+ * the inputs, not N - 1 over the result). */
+#define GATE_REDUCE_PIECE ((size_t)8 << 10)
 
 static dshim_status_t reduce_blocks(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, size_t base,
                                     size_t off, size_t len, const void *own)
