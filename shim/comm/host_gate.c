@@ -110,6 +110,13 @@ static dshim_status_t gate_area(dshim_comm_t *comm, void **area_p)
     return DSHIM_OK;
 }
 
+/* The gate's memory for a collective; a failure fails the collective. */
+static dshim_status_t gate_area_for(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void **area_p)
+{
+    dshim_status_t st = gate_area(comm, area_p);
+    return st == DSHIM_OK ? DSHIM_OK : dshim_xfer_fail(comm, sig, st);
+}
+
 static long futex_call(uint32_t *word, int op, uint32_t val, const struct timespec *ts)
 {
     /* not FUTEX_PRIVATE: the word is shared between processes */
@@ -431,10 +438,7 @@ static void complete(void *area, uint64_t episode, int32_t differs)
 dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_t *sig)
 {
     void *area;
-    dshim_status_t st = gate_area(comm, &area);
-    if (st != DSHIM_OK) {
-        return dshim_xfer_fail(comm, sig, st);
-    }
+    DSHIM_CHECK(gate_area_for(comm, sig, &area));
     int last;
     uint64_t episode = arrive(comm, area, sig, &last);
     if (last) {
@@ -490,10 +494,7 @@ dshim_status_t dshim_host_gate_allreduce(dshim_comm_t *comm, const dshim_coll_si
                                          void *rbuf, size_t count)
 {
     void *area;
-    dshim_status_t st = gate_area(comm, &area);
-    if (st != DSHIM_OK) {
-        return dshim_xfer_fail(comm, sig, st);
-    }
+    DSHIM_CHECK(gate_area_for(comm, sig, &area));
     size_t bytes = count * dshim_dtype_size((dshim_dtype_t)sig->dtype);
     int last;
     copy_in(comm, area, 0, sbuf, bytes, 0, 0);
@@ -546,16 +547,19 @@ static size_t split_piece_bytes(const dshim_comm_t *comm, size_t bytes)
                                           : piece;
 }
 
-/* Piece j of a split allreduce: its first element, its count, and the
- * byte offset of its half in the blocks. */
+/* Piece j of a split allreduce: its first element, its count, the byte
+ * offset of its half in the blocks, and this rank's share of its elements
+ * (from `off`, `len` of them: the part only this rank reduces, and reads
+ * from its own buffer, so it never copies it in). */
 typedef struct split_piece {
-    size_t first, count, base;
+    size_t first, count, base, off, len;
 } split_piece_t;
 
-static split_piece_t piece_at(size_t count, size_t piece, size_t j)
+static split_piece_t piece_at(const dshim_comm_t *comm, size_t count, size_t piece, size_t j)
 {
     split_piece_t p = {.first = j * piece, .count = count - j * piece < piece ? count - j * piece : piece,
-                       .base = (j & 1) * (DSHIM_HOST_AREA_DATA / 2)};
+                       .base = (j & 1) * GATE_SPLIT_PIECE_MAX};
+    dshim_part(p.count, comm->size, comm->rank, &p.off, &p.len);
     return p;
 }
 
@@ -563,31 +567,19 @@ dshim_status_t dshim_host_gate_allreduce_split(dshim_comm_t *comm, const dshim_c
                                                void *rbuf, size_t count)
 {
     void *area;
-    dshim_status_t st = gate_area(comm, &area);
-    if (st != DSHIM_OK) {
-        return dshim_xfer_fail(comm, sig, st);
-    }
+    DSHIM_CHECK(gate_area_for(comm, sig, &area));
     size_t es = dshim_dtype_size((dshim_dtype_t)sig->dtype), piece = split_piece_bytes(comm, count * es) / es;
     size_t pieces = (count + piece - 1) / piece;
     const unsigned char *sb = sbuf;
     unsigned char *rb = rbuf;
     for (size_t j = 0; j <= pieces; j++) {
-        if (j > 0) {
-            /* this rank's share of piece j - 1 (its own part read from sbuf:
-             * it never copied it in) */
-            split_piece_t p = piece_at(count, piece, j - 1);
-            size_t off, len;
-            dshim_part(p.count, comm->size, comm->rank, &off, &len);
-            if (len) {
-                DSHIM_CHECK(reduce_blocks(comm, area, sig, p.base, off, len, sb + p.first * es));
-            }
+        split_piece_t prev = j > 0 ? piece_at(comm, count, piece, j - 1) : (split_piece_t){0};
+        if (prev.len) {
+            DSHIM_CHECK(reduce_blocks(comm, area, sig, prev.base, prev.off, prev.len, sb + prev.first * es));
         }
         if (j < pieces) {
-            /* piece j in, but for this rank's share, which only it reads */
-            split_piece_t p = piece_at(count, piece, j);
-            size_t off, len;
-            dshim_part(p.count, comm->size, comm->rank, &off, &len);
-            copy_in(comm, area, p.base, sb + p.first * es, p.count * es, off * es, len * es);
+            split_piece_t p = piece_at(comm, count, piece, j);
+            copy_in(comm, area, p.base, sb + p.first * es, p.count * es, p.off * es, p.len * es);
         }
         int last;
         uint64_t episode = j == 0 ? arrive(comm, area, sig, &last) : count_arrival(comm, area, &last);
@@ -601,8 +593,7 @@ dshim_status_t dshim_host_gate_allreduce_split(dshim_comm_t *comm, const dshim_c
         } else {
             /* every share of piece j - 1 is reduced; its half of the result
              * is written again only after every rank arrived once more */
-            split_piece_t p = piece_at(count, piece, j - 1);
-            memcpy(rb + p.first * es, gate_data(area, comm->size, comm->size) + p.base, p.count * es);
+            memcpy(rb + prev.first * es, gate_data(area, comm->size, comm->size) + prev.base, prev.count * es);
         }
     }
     return DSHIM_OK;
