@@ -54,10 +54,25 @@ dshim_status_t dshim_allreduce_ring(dshim_comm_t *comm, const dshim_coll_sig_t *
  * every size up to 4 ranks: N = 3 on 2 cores 1 / 16 / 64 MiB 830 us / 17.3 ms
  * / 79 ms against the ring's 947 / 21.8 / 102, N = 4 4 MiB 6.7 ms against
  * 7.5 and 64 MiB 118 against 160 (5 interleaved runs each); at N = 8 it
- * loses (1 MiB 6.8 ms against 4.4). */
+ * loses (1 MiB 6.8 ms against 4.4).  With a power of two ranks
+ * Rabenseifner's beats it there (below). */
 #define DSHIM_DIRECT_SOCKETS_MAX_RANKS 4
 
-static inline int dshim_allreduce_direct_fits(const dshim_comm_t *comm, size_t bytes, size_t count)
+/* Over sockets with a power of two ranks from 4 on, where direct would run,
+ * Rabenseifner's allreduce runs instead: its pairwise exchanges beat all
+ * ranks sending to all at once through the kernel's socket buffers (paired
+ * on 2 cores, its time over direct's: N = 4 32 KiB 0.58, 64 KiB 0.74,
+ * 256 KiB 0.72, 1 MiB 0.73, 4 MiB 0.91, 16 MiB 1.00, 64 MiB 0.92; N = 8
+ * 32 / 64 / 128 / 192 KiB 0.37 / 0.38 / 0.90 / 0.68; docs/benchmarks.md, "Over sockets: halving beats direct").
+ * Not at N = 3: its fold in and out loses to direct below 1 MiB. */
+static inline int dshim_allreduce_halving_over_sockets(const dshim_comm_t *comm)
+{
+    int n = comm->size;
+    return comm->sockets_only && n >= 4 && (n & (n - 1)) == 0;
+}
+
+/* Where the direct allreduce's single round wins over the ring (above). */
+static inline int dshim_allreduce_direct_range(const dshim_comm_t *comm, size_t bytes, size_t count)
 {
     int n = comm->size;
     if (comm->nhosts != 1 || !comm->spin_yields || n < 3 || n > DSHIM_DIRECT_MAX_RANKS || count < (size_t)n) {
@@ -70,11 +85,17 @@ static inline int dshim_allreduce_direct_fits(const dshim_comm_t *comm, size_t b
     return bytes > (n == 3 ? comm->small_msg_bytes : comm->small_msg_bytes / 4);
 }
 
+static inline int dshim_allreduce_direct_fits(const dshim_comm_t *comm, size_t bytes, size_t count)
+{
+    return dshim_allreduce_direct_range(comm, bytes, count) && !dshim_allreduce_halving_over_sockets(comm);
+}
+
 /* Where auto picks Rabenseifner's allreduce: one host with more ranks than
  * cores and more than DSHIM_DIRECT_MAX_RANKS of them, past the small-message
- * range up to DSHIM_RABENSEIFNER_MAX_BYTES.  Each of the ring's 2(N-1)
- * dependent steps waits for a peer to be scheduled; 2 log2 N steps of the
- * same bytes wait less (N = 16: 64-256 KiB 1.4-1.8x faster than the ring,
+ * range up to DSHIM_RABENSEIFNER_MAX_BYTES; and over sockets with a power of
+ * two ranks where direct would run (dshim_allreduce_halving_over_sockets,
+ * above).  Each of the ring's 2(N-1) dependent steps waits for a peer to
+ * be scheduled; 2 log2 N steps of the same bytes wait less (N = 16: 64-256 KiB 1.4-1.8x faster than the ring,
  * N = 64: 128-256 KiB 1.1-1.9x).  Beyond, the ring's pipelined chunks win
  * (N = 16, 1 MiB: 5.0 ms against the ring's 3.6), as the halving steps move
  * B/2, B/4, ... whole (docs/benchmarks.md, "Ranks outnumber cores"). */
@@ -82,6 +103,9 @@ static inline int dshim_allreduce_direct_fits(const dshim_comm_t *comm, size_t b
 
 static inline int dshim_allreduce_rabenseifner_fits(const dshim_comm_t *comm, size_t bytes, size_t count)
 {
+    if (dshim_allreduce_halving_over_sockets(comm) && dshim_allreduce_direct_range(comm, bytes, count)) {
+        return 1;
+    }
     return comm->nhosts == 1 && comm->spin_yields && comm->size > DSHIM_DIRECT_MAX_RANKS &&
            count >= (size_t)comm->size && bytes > comm->small_msg_bytes && bytes <= DSHIM_RABENSEIFNER_MAX_BYTES;
 }
