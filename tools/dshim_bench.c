@@ -95,10 +95,12 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dshim-bench [-n NPROCS] [-o OP] [-d DTYPE] [-r REDOP] [-b MIN] [-e MAX] [-f FACTOR]\n"
             "                   [-w WARMUP] [-i ITERS | -t SECONDS] [-c 0|1] [-j OUT.jsonl] [--barrier] [--no-bind]\n"
+            "                   [--hosts H]\n"
             "                   [--print-config]\n"
             "  OP: allreduce broadcast reduce allgather reduce_scatter alltoall (default allreduce)\n"
             "  sizes accept K/M/G suffixes; defaults -b 4K -e 64M -f 4, float32, sum, -t 1\n"
             "  with -n N <= cores each rank is bound to one core (as mpirun does); --no-bind turns that off\n"
+            "  --hosts H (with -n): the ranks pretend to live on H hosts (DSHIM_HOST_ID), in blocks\n"
             "  --barrier: before the sweep, time dshim_barrier the same way (one row/JSON line, op barrier, 0 bytes)\n"
             "  every JSON line carries init_us (dshim_comm_init_env's duration, max over ranks) and\n"
             "  init_span_us (first rank's call to last rank's return, one host's monotonic clock) and\n"
@@ -348,7 +350,7 @@ static int free_port(void)
 }
 
 /* Local launcher: fork n ranks, end them all if one fails. */
-static int launch_local(int n, int bind, char **argv)
+static int launch_local(int n, int bind, int hosts, char **argv)
 {
     int port = free_port();
     pid_t *pids = calloc((size_t)n, sizeof(pid_t));
@@ -371,6 +373,12 @@ static int launch_local(int n, int bind, char **argv)
             snprintf(buf, sizeof(buf), "%d", port);
             setenv("MASTER_PORT", buf, 1);
             setenv("DSHIM_JOB_TOKEN", token, 1);
+            if (hosts > 1) {
+                /* ranks in blocks, one block per pretended host: shared
+                 * memory inside a block, TCP between blocks */
+                snprintf(buf, sizeof(buf), "bench-host-%d", (int)((long)r * hosts / n));
+                setenv("DSHIM_HOST_ID", buf, 1);
+            }
             long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
             if (bind && ncpu > 0 && n <= ncpu) {
                 /* like mpirun's default: one core per rank when they fit */
@@ -429,10 +437,11 @@ int main(int argc, char **argv)
     opts_t o = {.nprocs = 0, .min_bytes = 4096, .max_bytes = 64u << 20, .factor = 4, .op = "allreduce",
                 .dtype = DSHIM_FLOAT32, .redop = DSHIM_SUM, .warmup = 5, .iters = 0, .seconds = 1.0, .check = 1,
                 .barrier = 0, .json = NULL};
-    int bind = 1;
+    int bind = 1, hosts = 0;
     static struct option longopts[] = {{"print-config", no_argument, NULL, 'P'}, {"help", no_argument, NULL, 'h'},
                                        {"no-bind", no_argument, NULL, 'B'},
                                        {"barrier", no_argument, NULL, 'R'},
+                                       {"hosts", required_argument, NULL, 'H'},
                                        {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "+n:b:e:f:o:d:r:w:i:t:c:j:h", longopts, NULL)) != -1) {
@@ -472,6 +481,7 @@ int main(int argc, char **argv)
         case 'P': dshim_print_config(stdout); return 0;
         case 'B': bind = 0; break;
         case 'R': o.barrier = 1; break;
+        case 'H': hosts = atoi(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -501,7 +511,7 @@ int main(int argc, char **argv)
     }
     int rc;
     if (o.nprocs > 0) {
-        rc = launch_local(o.nprocs, bind, argv_copy);
+        rc = launch_local(o.nprocs, bind, hosts, argv_copy);
     } else {
         rc = rank_main(&o);
     }
