@@ -96,6 +96,7 @@
 #define DSHIM_TRANSPORT_H
 
 #include <poll.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "dshim.h"
@@ -166,9 +167,22 @@ struct dshim_transport {
 struct dshim_conn {
     const dshim_transport_t *ops;
     int peer;       /* peer rank in the communicator */
+    int peer_job;   /* the peer's rank in the job, for messages: peer, except on a
+                     * sub-communicator (set by the communicator after connect) */
     int fd;         /* TCP socket to the peer (data for tcp, control for shm) */
     uint64_t bytes_sent, bytes_received;
 };
+
+/* The peer as messages name it: "rank 1", or "rank 1 (job rank 3)" on a
+ * sub-communicator, whose numbering is not the job's. */
+static inline void dshim_conn_peer_name(const dshim_conn_t *c, char *out, size_t len)
+{
+    if (c->peer_job != c->peer) {
+        snprintf(out, len, "rank %d (job rank %d)", c->peer, c->peer_job);
+    } else {
+        snprintf(out, len, "rank %d", c->peer);
+    }
+}
 
 /* ---- registry ----------------------------------------------------------- */
 

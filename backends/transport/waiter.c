@@ -118,8 +118,10 @@ dshim_status_t dshim_waiter_sleep(dshim_waiter_t *w, dshim_wait_set_t *ws, int t
         if (control_socket_closed(c)) {
             /* a peer that died may still have left data: only fail once the
              * caller saw no progress (it did: that is why it sleeps) */
-            return dshim_error_quiet(DSHIM_ERR_PEER,
-                                     "rank %d closed its connection (it exited, crashed or was killed)", c->peer);
+            char who[64];
+            dshim_conn_peer_name(c, who, sizeof(who));
+            return dshim_error_quiet(DSHIM_ERR_PEER, "%s closed its connection (it exited, crashed or was killed)",
+                                     who);
         }
     }
     return DSHIM_OK;

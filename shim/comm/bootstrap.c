@@ -254,6 +254,7 @@ static dshim_status_t make_conn(dshim_comm_t *comm, int r, int fd, dshim_conn_t 
 /* Publishes the connection to r.  conn_lock held. */
 static void publish_conn(dshim_comm_t *comm, int r, dshim_conn_t *conn)
 {
+    conn->peer_job = comm->job_rank ? comm->job_rank[r] : r; /* for the transport's messages */
     __atomic_store_n(&comm->conns[r], conn, __ATOMIC_RELEASE);
     comm->conn_state[r] = DSHIM_CONN_READY;
     __atomic_add_fetch(&comm->nconnects, 1, __ATOMIC_RELEASE);
@@ -714,6 +715,7 @@ void dshim_comm_release(dshim_comm_t *comm)
         }
     }
     free(comm->peers);
+    free(comm->job_rank);
     free(comm->conns);
     free(comm->conn_state);
     free(comm->pending);

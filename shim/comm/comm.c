@@ -507,6 +507,11 @@ void dshim_comm_describe_peer(const dshim_comm_t *comm, int peer, char *out, siz
         snprintf(out, len, "rank %d (invalid)", peer);
         return;
     }
+    if (comm->job_rank) {
+        snprintf(out, len, "rank %d (job rank %d, host %s, pid %d)", peer, comm->job_rank[peer],
+                 comm->peers[peer].hostname, comm->peers[peer].pid);
+        return;
+    }
     snprintf(out, len, "rank %d (host %s, pid %d)", peer, comm->peers[peer].hostname, comm->peers[peer].pid);
 }
 
@@ -595,11 +600,19 @@ DSHIM_EXPORT void dshim_comm_stats(const dshim_comm_t *comm, dshim_stats_t *stat
 }
 
 dshim_status_t dshim_comm_create_child(dshim_comm_t *comm, const char *suffix, int rank, int size,
-                                       dshim_comm_t **child_p)
+                                       const int *members, dshim_comm_t **child_p)
 {
+    int *job_rank = malloc(sizeof(int) * (size_t)size);
+    if (!job_rank) {
+        return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < size; i++) {
+        job_rank[i] = comm->job_rank ? comm->job_rank[members[i]] : members[i];
+    }
     char prefix[sizeof(comm->prefix) + 64];
     snprintf(prefix, sizeof(prefix), "%s%s", comm->prefix, suffix);
     if (strlen(prefix) >= sizeof(comm->prefix)) {
+        free(job_rank);
         return dshim_error(DSHIM_ERR_UNSUPPORTED, "communicators nested too deeply (store prefix %s too long)", prefix);
     }
     pthread_mutex_lock(&comm->store->lock);
@@ -608,8 +621,10 @@ dshim_status_t dshim_comm_create_child(dshim_comm_t *comm, const char *suffix, i
     dshim_status_t st = dshim_bootstrap(comm->store, prefix, rank, size, comm->store->token, child_p);
     if (st != DSHIM_OK) {
         store_ref_release(comm->store);
+        free(job_rank);
         return st;
     }
+    (*child_p)->job_rank = job_rank;
     dshim_engine_init(*child_p);
     char desc[160];
     snprintf(desc, sizeof(desc), "sub-communicator %s of %s", suffix, comm->prefix);
@@ -643,12 +658,22 @@ DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int 
         return DSHIM_OK;
     }
     int newrank = 0, newsize = 0;
+    int *members = malloc(sizeof(int) * (size_t)comm->size);
+    if (!members) {
+        free(all);
+        return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
+    }
     for (int r = 0; r < comm->size; r++) {
         if (all[2 * r] != color) {
             continue;
         }
-        newsize++;
-        /* order by (key, old rank) */
+        /* order by (key, old rank): insertion keeps members sorted */
+        int at = newsize++;
+        while (at > 0 && (all[2 * members[at - 1] + 1] > all[2 * r + 1])) {
+            members[at] = members[at - 1];
+            at--;
+        }
+        members[at] = r;
         if (all[2 * r + 1] < key || (all[2 * r + 1] == key && r < comm->rank)) {
             newrank++;
         }
@@ -656,7 +681,9 @@ DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int 
     free(all);
     char suffix[48];
     snprintf(suffix, sizeof(suffix), "s%" PRIu64 "c%d/", split_id, color);
-    DSHIM_CHECK(dshim_comm_create_child(comm, suffix, newrank, newsize, newcomm_p));
+    st = dshim_comm_create_child(comm, suffix, newrank, newsize, members, newcomm_p);
+    free(members);
+    DSHIM_CHECK(st);
     char desc[160];
     snprintf(desc, sizeof(desc), "split of %s (color %d)", comm->prefix, color);
     dshim_trace_set_desc((*newcomm_p)->trace, desc);

@@ -154,6 +154,9 @@ struct dshim_comm {
      * several): the ranks of my host, and the first rank of every host */
     struct dshim_comm *local;      /* NULL when there is no hierarchy */
     struct dshim_comm *leaders;    /* non-NULL on the first rank of each host */
+    int *job_rank;                 /* NULL in a communicator of dshim_comm_init; in a sub-communicator
+                                    * (dshim_comm_create_child: hosts, leaders, splits) each member's
+                                    * rank there, so that messages name processes as the job does */
     int nhosts;
 };
 
@@ -205,9 +208,10 @@ dshim_status_t dshim_comm_scratch(dshim_comm_t *comm, size_t len, void **ptr_p);
 /* Records the first error, tells peers (store + closing connections). */
 dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg);
 /* A communicator over some of comm's ranks, bootstrapped under comm's store
- * prefix + suffix (which the members must agree on) and sharing its store. */
+ * prefix + suffix (which the members must agree on) and sharing its store;
+ * members[i] is the comm rank of its rank i (for its job_rank). */
 dshim_status_t dshim_comm_create_child(dshim_comm_t *comm, const char *suffix, int rank, int size,
-                                       dshim_comm_t **child_p);
+                                       const int *members, dshim_comm_t **child_p);
 /* Builds comm->local / comm->leaders when ranks span hosts (shim/comm/topo.c). */
 dshim_status_t dshim_topo_setup(dshim_comm_t *comm);
 void dshim_topo_destroy(dshim_comm_t *comm);

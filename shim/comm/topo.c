@@ -50,12 +50,31 @@ dshim_status_t dshim_topo_setup(dshim_comm_t *comm)
                 local_size++;
             }
         }
+        /* the members of each: this host's ranks, the hosts' first ranks */
+        int *members = malloc(sizeof(int) * (size_t)n);
+        if (!members) {
+            free(host_of);
+            return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
+        }
+        int k = 0;
+        for (int r = 0; r < n; r++) {
+            if (host_of[r] == me) {
+                members[k++] = r;
+            }
+        }
         char suffix[32];
         snprintf(suffix, sizeof(suffix), "hl%d/", me);
-        st = dshim_comm_create_child(comm, suffix, local_rank, local_size, &comm->local);
+        st = dshim_comm_create_child(comm, suffix, local_rank, local_size, members, &comm->local);
         if (st == DSHIM_OK && first == comm->rank) {
-            st = dshim_comm_create_child(comm, "hx/", me, nhosts, &comm->leaders);
+            k = 0;
+            for (int r = 0; r < n; r++) {
+                if (host_of[r] == k) {
+                    members[k++] = r; /* hosts are numbered by their first rank's order */
+                }
+            }
+            st = dshim_comm_create_child(comm, "hx/", me, nhosts, members, &comm->leaders);
         }
+        free(members);
         if (st != DSHIM_OK) {
             dshim_topo_destroy(comm);
         } else {

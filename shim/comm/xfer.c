@@ -741,8 +741,12 @@ dshim_status_t dshim_xfer_fail(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
         dshim_comm_connect_cancel(comm, r);
     }
     describe_call(call, sizeof(call), sig->coll, sig->dtype, sig->redop, sig->root, sig->count, sig->seq);
-    snprintf(msg, sizeof(msg), "rank %d (host %s) in %s: %s", comm->rank, comm->peers[comm->rank].hostname, call,
-             dshim_last_error());
+    char job[32] = "";
+    if (comm->job_rank) {
+        snprintf(job, sizeof(job), "job rank %d, ", comm->job_rank[comm->rank]);
+    }
+    snprintf(msg, sizeof(msg), "rank %d (%shost %s) in %s: %s", comm->rank, job, comm->peers[comm->rank].hostname,
+             call, dshim_last_error());
     return dshim_comm_fail(comm, st, msg);
 }
 

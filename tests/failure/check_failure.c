@@ -642,6 +642,64 @@ START_TEST(test_gate_abort_reaches_waiters)
 }
 END_TEST
 
+/* ---- across hosts: the hierarchical allreduce ------------------------------ */
+
+/* Four ranks pretending to live on two hosts (DSHIM_HOST_ID: ranks 0, 1 and
+ * 2, 3) in 256 KiB allreduces, which run in steps on sub-communicators
+ * (reduce inside the host, allreduce between the hosts' first ranks,
+ * broadcast inside the host).  Rank 3 is killed before its 6th: everybody
+ * else fails within 10 s, and its host's leader, whose in-host step finds
+ * it gone, names it by its rank in the job, not only in the host's
+ * sub-communicator. */
+static int body_hier_killed(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    char host[32];
+    snprintf(host, sizeof(host), "fake-host-%d", rank * 2 / size);
+    setenv("DSHIM_HOST_ID", host, 1);
+    dshim_config_reload();
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    size_t count = 64 << 10;
+    float *buf = calloc(count, sizeof(float));
+    for (int it = 0; it < 10; it++) {
+        if (rank == 3 && it == 5) {
+            kill(getpid(), SIGKILL);
+        }
+        double t0 = dshim_now();
+        dshim_status_t st = dshim_allreduce(comm, buf, buf, count, DSHIM_FLOAT32, DSHIM_SUM);
+        if (st != DSHIM_OK) {
+            fprintf(stderr, "ERROR after %.2f s: %s\n", dshim_now() - t0, dshim_last_error());
+            dshim_comm_destroy(comm);
+            free(buf);
+            return 3;
+        }
+    }
+    dshim_comm_destroy(comm);
+    free(buf);
+    return 0;
+}
+
+START_TEST(test_hier_rank_killed_named_by_job_rank)
+{
+    const char *env[] = {"DSHIM_TIMEOUT=60", NULL};
+    test_rank_result_t res[4];
+    int rc = test_run_ranks(4, body_hier_killed, NULL, env, 40.0, res);
+    ck_assert_int_eq(rc, 0);
+    for (int r = 0; r < 3; r++) {
+        int ok = res[r].exited && res[r].code == 3 && res[r].seconds - res[3].seconds < 10.0 &&
+                 (r != 2 || strstr(res[r].err, "job rank 3"));
+        if (!ok) {
+            dump(res, 4);
+        }
+        ck_assert_msg(ok, "rank %d must fail within 10 s%s", r, r == 2 ? " naming job rank 3" : "");
+    }
+    ck_assert(!res[3].exited && res[3].code == SIGKILL);
+}
+END_TEST
+
 /* ---- abort from one rank ------------------------------------------------ */
 
 static int body_abort(int rank, int size, int port, void *arg)
@@ -1238,6 +1296,7 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_gate_split_rank_killed);
     tcase_add_test(tc, test_gate_timeout_names_missing_rank);
     tcase_add_test(tc, test_gate_abort_reaches_waiters);
+    tcase_add_test(tc, test_hier_rank_killed_named_by_job_rank);
     tcase_add_test(tc, test_mismatched_dtype);
     tcase_add_test(tc, test_mismatched_reduce_scatterv_counts);
     tcase_add_test(tc, test_timeout_names_missing_rank);

@@ -36,9 +36,11 @@ typedef struct shm_conn {
 
 static dshim_status_t peer_gone(shm_conn_t *sc)
 {
-    return dshim_error(DSHIM_ERR_PEER, "shm: peer rank %d closed its control socket (process exited or "
-                                       "crashed) while we exchanged data with it",
-                       sc->base.peer);
+    char who[64];
+    dshim_conn_peer_name(&sc->base, who, sizeof(who));
+    return dshim_error(DSHIM_ERR_PEER, "shm: peer %s closed its control socket (process exited or crashed) while "
+                                       "we exchanged data with it",
+                       who);
 }
 
 /* Called by an operation that moved nothing.  Returns non-zero when the
@@ -214,6 +216,7 @@ dshim_status_t dshim_shm_conn_create(dshim_shm_seg_t *my_inbox, dshim_shm_seg_t 
     }
     sc->base.ops = &dshim_transport_shm;
     sc->base.peer = peer_rank;
+    sc->base.peer_job = peer_rank;
     sc->base.fd = control_fd;
     sc->stream_min = dshim_config()->shm_stream_min;
     sc->my_inbox = my_inbox;

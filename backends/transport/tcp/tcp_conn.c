@@ -39,11 +39,12 @@ extern const dshim_transport_t dshim_transport_tcp; /* defined at the end: its o
 
 static dshim_status_t peer_error(tcp_conn_t *c, int err)
 {
+    char who[64];
+    dshim_conn_peer_name(&c->base, who, sizeof(who));
     if (err == 0) {
-        return dshim_error_quiet(DSHIM_ERR_PEER, "rank %d closed the connection (it exited, crashed or was killed)",
-                                 c->base.peer);
+        return dshim_error_quiet(DSHIM_ERR_PEER, "%s closed the connection (it exited, crashed or was killed)", who);
     }
-    return dshim_error_quiet(DSHIM_ERR_PEER, "connection to rank %d failed: %s", c->base.peer, strerror(err));
+    return dshim_error_quiet(DSHIM_ERR_PEER, "connection to %s failed: %s", who, strerror(err));
 }
 
 /* The outcome of one non-blocking socket call that returned n: *moved_p
@@ -217,6 +218,7 @@ static dshim_status_t tcp_conn_create(int fd, int peer, size_t staging_bytes, ds
     }
     c->base.ops = &dshim_transport_tcp;
     c->base.peer = peer;
+    c->base.peer_job = peer;
     c->base.fd = fd;
     *conn_p = &c->base;
     return DSHIM_OK;
