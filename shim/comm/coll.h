@@ -63,8 +63,9 @@ dshim_status_t dshim_allreduce_ring(dshim_comm_t *comm, const dshim_coll_sig_t *
  * ranks sending to all at once through the kernel's socket buffers (paired
  * on 2 cores, its time over direct's: N = 4 32 KiB 0.58, 64 KiB 0.74,
  * 256 KiB 0.72, 1 MiB 0.73, 4 MiB 0.91, 16 MiB 1.00, 64 MiB 0.92; N = 8
- * 32 / 64 / 128 / 192 KiB 0.37 / 0.38 / 0.90 / 0.68; docs/benchmarks.md, "Over sockets: halving beats direct").
- * Not at N = 3: its fold in and out loses to direct below 1 MiB. */
+ * 32 / 64 / 128 / 192 KiB 0.37 / 0.38 / 0.90 / 0.68; docs/benchmarks.md,
+ * "Over sockets: halving beats direct").  Not at N = 3: its fold in and out
+ * loses to direct below 1 MiB. */
 static inline int dshim_allreduce_halving_over_sockets(const dshim_comm_t *comm)
 {
     int n = comm->size;
@@ -95,8 +96,8 @@ static inline int dshim_allreduce_direct_fits(const dshim_comm_t *comm, size_t b
  * range up to DSHIM_RABENSEIFNER_MAX_BYTES; and over sockets with a power of
  * two ranks where direct would run (dshim_allreduce_halving_over_sockets,
  * above).  Each of the ring's 2(N-1) dependent steps waits for a peer to
- * be scheduled; 2 log2 N steps of the same bytes wait less (N = 16: 64-256 KiB 1.4-1.8x faster than the ring,
- * N = 64: 128-256 KiB 1.1-1.9x).  Beyond, the ring's pipelined chunks win
+ * be scheduled; 2 log2 N steps of the same bytes wait less (N = 16:
+ * 64-256 KiB 1.4-1.8x faster than the ring, N = 64: 128-256 KiB 1.1-1.9x).  Beyond, the ring's pipelined chunks win
  * (N = 16, 1 MiB: 5.0 ms against the ring's 3.6), as the halving steps move
  * B/2, B/4, ... whole (docs/benchmarks.md, "Ranks outnumber cores"). */
 #define DSHIM_RABENSEIFNER_MAX_BYTES ((size_t)256 << 10)

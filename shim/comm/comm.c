@@ -667,16 +667,16 @@ DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int 
         if (all[2 * r] != color) {
             continue;
         }
-        /* order by (key, old rank): insertion keeps members sorted */
+        /* ordered by (key, old rank): an insertion keeps members sorted */
         int at = newsize++;
-        while (at > 0 && (all[2 * members[at - 1] + 1] > all[2 * r + 1])) {
+        while (at > 0 && all[2 * members[at - 1] + 1] > all[2 * r + 1]) {
             members[at] = members[at - 1];
             at--;
         }
         members[at] = r;
-        if (all[2 * r + 1] < key || (all[2 * r + 1] == key && r < comm->rank)) {
-            newrank++;
-        }
+    }
+    while (members[newrank] != comm->rank) {
+        newrank++; /* this rank has the color: it is there */
     }
     free(all);
     char suffix[48];

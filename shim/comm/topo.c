@@ -40,33 +40,25 @@ dshim_status_t dshim_topo_setup(dshim_comm_t *comm)
     comm->nhosts = nhosts;
     dshim_status_t st = DSHIM_OK;
     if (nhosts > 1 && nhosts < n) {
-        int me = host_of[comm->rank], local_rank = 0, local_size = 0, first = -1;
-        for (int r = 0; r < n; r++) {
-            if (host_of[r] == me) {
-                if (first < 0) {
-                    first = r;
-                }
-                local_rank += r < comm->rank;
-                local_size++;
-            }
-        }
-        /* the members of each: this host's ranks, the hosts' first ranks */
+        /* the members of each: this host's ranks (members[0] its leader),
+         * then the hosts' first ranks */
         int *members = malloc(sizeof(int) * (size_t)n);
         if (!members) {
             free(host_of);
             return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
         }
-        int k = 0;
+        int me = host_of[comm->rank], local_rank = 0, local_size = 0;
         for (int r = 0; r < n; r++) {
             if (host_of[r] == me) {
-                members[k++] = r;
+                local_rank += r < comm->rank;
+                members[local_size++] = r;
             }
         }
         char suffix[32];
         snprintf(suffix, sizeof(suffix), "hl%d/", me);
         st = dshim_comm_create_child(comm, suffix, local_rank, local_size, members, &comm->local);
-        if (st == DSHIM_OK && first == comm->rank) {
-            k = 0;
+        if (st == DSHIM_OK && members[0] == comm->rank) {
+            int k = 0;
             for (int r = 0; r < n; r++) {
                 if (host_of[r] == k) {
                     members[k++] = r; /* hosts are numbered by their first rank's order */
