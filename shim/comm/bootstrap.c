@@ -729,14 +729,16 @@ void dshim_comm_release(dshim_comm_t *comm)
 }
 
 dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int rank, int size,
-                               const char *token, dshim_comm_t **comm_p)
+                               int *job_rank, const char *token, dshim_comm_t **comm_p)
 {
     const dshim_config_t *cfg = dshim_config();
     dshim_status_t st = DSHIM_OK;
     dshim_comm_t *comm = calloc(1, sizeof(*comm));
     if (!comm) {
+        free(job_rank);
         return dshim_error(DSHIM_ERR_NOMEM, "out of memory for a communicator");
     }
+    comm->job_rank = job_rank;
     comm->rank = rank;
     comm->size = size;
     comm->owner_pid = dshim_self_pid();

@@ -251,7 +251,7 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim
                          dshim_log_hostname(), ref->addr, ref->port, dshim_last_error());
         goto err_server;
     }
-    st = dshim_bootstrap(ref, "c0/", args->rank, args->size, token, comm_p);
+    st = dshim_bootstrap(ref, "c0/", args->rank, args->size, NULL, token, comm_p);
     if (st != DSHIM_OK) {
         report_startup_failure(ref, args->rank);
         goto err_store;
@@ -618,13 +618,11 @@ dshim_status_t dshim_comm_create_child(dshim_comm_t *comm, const char *suffix, i
     pthread_mutex_lock(&comm->store->lock);
     comm->store->refs++;
     pthread_mutex_unlock(&comm->store->lock);
-    dshim_status_t st = dshim_bootstrap(comm->store, prefix, rank, size, comm->store->token, child_p);
+    dshim_status_t st = dshim_bootstrap(comm->store, prefix, rank, size, job_rank, comm->store->token, child_p);
     if (st != DSHIM_OK) {
         store_ref_release(comm->store);
-        free(job_rank);
         return st;
     }
-    (*child_p)->job_rank = job_rank;
     dshim_engine_init(*child_p);
     char desc[160];
     snprintf(desc, sizeof(desc), "sub-communicator %s of %s", suffix, comm->prefix);

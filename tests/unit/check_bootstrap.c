@@ -48,7 +48,7 @@ START_TEST(test_alloc_failure_keeps_fd0)
     dshim_comm_t *comm = NULL;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    dshim_status_t st = dshim_bootstrap(NULL, "c0/", 0, PEERS, "token", &comm);
+    dshim_status_t st = dshim_bootstrap(NULL, "c0/", 0, PEERS, NULL, "token", &comm);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     fail_count = 0;
 
