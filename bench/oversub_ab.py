@@ -11,7 +11,9 @@ settings and OpenMPI, interleaved in one run (issue 20; docs/benchmarks.md,
         --case "base=" --case "new@/tmp/new=" --case "no recorder=DSHIM_TRACE_BUFFER=0" --mpi
 
 Each --case is "label[@BUILD]=VAR=value[,VAR=value...]" (an empty list: dshim's
-defaults; BUILD: another build directory than --build, to compare code).
+defaults; BUILD: another build directory than --build, to compare code); an
+item that starts with "--" is a dshim-bench option instead (--in-place: the
+allreduce from and into one buffer, as mpi_bench calls MPI_Allreduce).
 Every repetition runs every case once, in the order given (reversed every
 other repetition), then OpenMPI (--mpi; `--mpi-args` adds MCA options, e.g.
 the single-copy mechanism), so slow drifts of a shared machine hit all of
@@ -46,6 +48,7 @@ from run_bench import (MPI_BTL, STRIP_ENV, STRIP_ENV_PREFIXES, build_bench_c, fm
 
 
 BARRIER = 0  # the barrier's column key (0 bytes)
+BENCH_ARGS = "--"  # a case's key for its dshim-bench options
 
 
 def parse_case(text, default_build):
@@ -53,6 +56,9 @@ def parse_case(text, default_build):
     label, _, build = label.partition("@")
     pairs = {}
     for kv in filter(None, env.split(",")):
+        if kv.startswith("--"):
+            pairs.setdefault(BENCH_ARGS, []).append(kv)
+            continue
         k, _, v = kv.partition("=")
         if not k.startswith("DSHIM_"):
             raise SystemExit(f"--case {text!r}: {k!r} is not a DSHIM_ variable")
@@ -80,6 +86,8 @@ def clean_env():
 
 def run_dshim(a, build, env_extra, sizes):
     env = clean_env()
+    env_extra = dict(env_extra)
+    bench_args = env_extra.pop(BENCH_ARGS, [])
     env.update(OMP_NUM_THREADS="1", DSHIM_TRANSPORT=a.transport, **env_extra)
     if a.transport == "tcp":
         env.setdefault("DSHIM_SOCKET_IFNAME", "lo")
@@ -88,7 +96,7 @@ def run_dshim(a, build, env_extra, sizes):
         for i, s in enumerate(x for x in sizes if x != BARRIER):  # one size per call: any sweep
             path = os.path.join(tmp, f"{i}.jsonl")
             cmd = [os.path.join(build, "bin", "dshim-bench"), "-n", str(a.np), "-b", str(s), "-e", str(s),
-                   "-t", str(a.min_time), "-j", path] + (["--barrier"] if a.barrier and i == 0 else [])
+                   "-t", str(a.min_time), "-j", path] + bench_args + (["--barrier"] if a.barrier and i == 0 else [])
             subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
             got.update(rows_of(path))
     return got

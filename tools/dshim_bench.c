@@ -38,6 +38,7 @@ typedef struct opts {
     double seconds;
     int check;
     int barrier;
+    int in_place; /* allreduce with sbuf == rbuf, as the frameworks call it (mpi_bench: MPI_IN_PLACE) */
     const char *json;
 } opts_t;
 
@@ -95,12 +96,13 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dshim-bench [-n NPROCS] [-o OP] [-d DTYPE] [-r REDOP] [-b MIN] [-e MAX] [-f FACTOR]\n"
             "                   [-w WARMUP] [-i ITERS | -t SECONDS] [-c 0|1] [-j OUT.jsonl] [--barrier] [--no-bind]\n"
-            "                   [--hosts H]\n"
+            "                   [--hosts H] [--in-place]\n"
             "                   [--print-config]\n"
             "  OP: allreduce broadcast reduce allgather reduce_scatter alltoall (default allreduce)\n"
             "  sizes accept K/M/G suffixes; defaults -b 4K -e 64M -f 4, float32, sum, -t 1\n"
             "  with -n N <= cores each rank is bound to one core (as mpirun does); --no-bind turns that off\n"
             "  --hosts H (with -n): the ranks pretend to live on H hosts (DSHIM_HOST_ID), in blocks\n"
+            "  --in-place: allreduce from and into one buffer, as DDP, Horovod and mpi_bench (MPI_IN_PLACE) call it\n"
             "  --barrier: before the sweep, time dshim_barrier the same way (one row/JSON line, op barrier, 0 bytes)\n"
             "  every JSON line carries init_us (dshim_comm_init_env's duration, max over ranks) and\n"
             "  init_span_us (first rank's call to last rank's return, one host's monotonic clock) and\n"
@@ -238,9 +240,13 @@ static int rank_main(const opts_t *o)
     size_t es = dshim_dtype_size(o->dtype);
     size_t max_alloc = o->max_bytes + (size_t)n * es;
     float *sbuf = NULL, *rbuf = NULL;
-    if (posix_memalign((void **)&sbuf, 64, max_alloc) || posix_memalign((void **)&rbuf, 64, max_alloc)) {
+    if (posix_memalign((void **)&sbuf, 64, max_alloc) ||
+        (!o->in_place && posix_memalign((void **)&rbuf, 64, max_alloc))) {
         fprintf(stderr, "dshim-bench: out of memory\n");
         return 1;
+    }
+    if (o->in_place) {
+        rbuf = sbuf;
     }
     memset(sbuf, 0, max_alloc);
     memset(rbuf, 0, max_alloc);
@@ -332,7 +338,9 @@ static int rank_main(const opts_t *o)
         fclose(json);
     }
     free(sbuf);
-    free(rbuf);
+    if (rbuf != sbuf) {
+        free(rbuf);
+    }
     CHECK_OR_DIE(dshim_comm_destroy(comm));
     return 0;
 }
@@ -442,6 +450,7 @@ int main(int argc, char **argv)
                                        {"no-bind", no_argument, NULL, 'B'},
                                        {"barrier", no_argument, NULL, 'R'},
                                        {"hosts", required_argument, NULL, 'H'},
+                                       {"in-place", no_argument, NULL, 'I'},
                                        {NULL, 0, NULL, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "+n:b:e:f:o:d:r:w:i:t:c:j:h", longopts, NULL)) != -1) {
@@ -482,6 +491,7 @@ int main(int argc, char **argv)
         case 'B': bind = 0; break;
         case 'R': o.barrier = 1; break;
         case 'H': hosts = atoi(optarg); break;
+        case 'I': o.in_place = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -491,7 +501,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
         known |= !strcmp(o.op, ops[i]);
     }
-    if (!known || o.min_bytes > o.max_bytes || o.factor < 1.0) {
+    if (!known || o.min_bytes > o.max_bytes || o.factor < 1.0 || (o.in_place && strcmp(o.op, "allreduce"))) {
         usage(stderr);
         return 2;
     }

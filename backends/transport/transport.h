@@ -75,6 +75,16 @@
  *    belongs to `span` bytes of data (the message, or the collective it is a
  *    piece of); when span is too large for the cache the transport may copy
  *    with non-temporal stores (shm, from DSHIM_SHM_STREAM_MIN).
+ *  - peer_reads (with peer_read): whether peer_read may serve this peer, from
+ *    its peer record (the peer allowed it: DSHIM_SHM_CMA); the same answer
+ *    on both ends.
+ *  - peer_read (optional; host-local transports that can read a peer's
+ *    memory directly, shm through process_vm_readv): copies len bytes at
+ *    `remote` in the peer's address space into buf in one copy, blocking (a
+ *    memory copy: it never waits for the peer).  The peer must keep those
+ *    bytes in place until it learns that the read is done
+ *    (shim/comm/coll_single_copy.c).  DSHIM_ERR_PEER when the peer is gone,
+ *    DSHIM_ERR_UNSUPPORTED when the kernel refuses the read, both naming it.
  *  - hung_up: non-zero when the peer is known to be gone (closed its end).
  *    Costs a system call: for slow paths only.
  *  - A dead or closed peer: DSHIM_ERR_PEER with a message naming the peer.
@@ -143,6 +153,7 @@ struct dshim_transport {
     void (*prepare)(void *state, const dshim_transport_peer_t *peer);
     void (*teardown)(void *state);
     dshim_status_t (*host_area)(void *state, const dshim_transport_peer_t *owner, void **area_p);
+    int (*peer_reads)(void *state, const dshim_transport_peer_t *peer);
 
     /* waiting (all three or none): arm announces a sleeper and returns the
      * value to wait with, disarm withdraws it */
@@ -159,6 +170,7 @@ struct dshim_transport {
     dshim_status_t (*recv2)(dshim_conn_t *c, void *a, size_t alen, void *b, size_t blen, size_t *n_p);
     dshim_status_t (*recv_ahead)(dshim_conn_t *c, void *buf, size_t len, size_t *n_p);
     dshim_status_t (*recv_stream)(dshim_conn_t *c, void *buf, size_t len, size_t span, size_t *n_p);
+    dshim_status_t (*peer_read)(dshim_conn_t *c, void *buf, const void *remote, size_t len);
     int (*hung_up)(dshim_conn_t *c);
     void (*destroy)(dshim_conn_t *c);
 };

@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
+#include "coll.h"
 #include "config.h"
 #include "host_gate.h"
 #include "net.h"
@@ -672,6 +673,7 @@ static dshim_status_t plan_transports(dshim_comm_t *comm)
     }
     describe_transports(comm);
     dshim_host_gate_plan(comm);
+    dshim_single_copy_plan(comm);
     return DSHIM_OK;
 }
 

@@ -352,6 +352,14 @@ dshim_status_t dshim_algo_allreduce(dshim_comm_t *comm, dshim_request_t *req)
         return dshim_host_gate_allreduce(comm, &req->sig, req->sbuf, req->rbuf, req->count);
     case DSHIM_AR_GATE_SPLIT:
         return dshim_host_gate_allreduce_split(comm, &req->sig, req->sbuf, req->rbuf, req->count);
+    case DSHIM_AR_SINGLE_COPY: {
+        dshim_status_t st = dshim_allreduce_single_copy(comm, &req->sig, req->sbuf, req->rbuf, req->count);
+        if (st != DSHIM_ERR_UNSUPPORTED) {
+            return st;
+        }
+        /* the probe found a rank that cannot read the others: messages */
+        return dshim_algo_allreduce(comm, req);
+    }
     case DSHIM_AR_RING:
         break;
     }

@@ -564,6 +564,8 @@ const char *dshim_algo_name(const dshim_comm_t *comm, const dshim_request_t *req
             return "shm-gate";
         case DSHIM_AR_GATE_SPLIT:
             return "shm-gate-split";
+        case DSHIM_AR_SINGLE_COPY:
+            return "cma";
         }
         return NULL;
     case DSHIM_COLL_BROADCAST:

@@ -150,6 +150,11 @@ struct dshim_comm {
     uint64_t gate_episode;         /* calls through it so far (executor only) */
     int gate_probe_next;           /* the next rank an idle probe looks at (atomic; hook_api.c) */
 
+    /* single-copy reads (coll_single_copy.c): every rank on this host, with a
+     * transport that can read the others' memory */
+    int single_copy_transport;     /* its registry entry; -1: none */
+    int single_copy;               /* DSHIM_SINGLE_COPY_*: probed by the first call, the same on every rank */
+
     /* hierarchy (only when ranks span several hosts and some host has
      * several): the ranks of my host, and the first rank of every host */
     struct dshim_comm *local;      /* NULL when there is no hierarchy */
@@ -168,8 +173,10 @@ enum {
     DSHIM_ALGO_DIRECT,
     DSHIM_ALGO_RABENSEIFNER,
     DSHIM_ALGO_GATE,
-    DSHIM_ALGO_GATE_SPLIT
+    DSHIM_ALGO_GATE_SPLIT,
+    DSHIM_ALGO_CMA
 };
+enum { DSHIM_SINGLE_COPY_UNKNOWN = 0, DSHIM_SINGLE_COPY_YES, DSHIM_SINGLE_COPY_NO };
 enum { DSHIM_CONN_NONE = 0, DSHIM_CONN_CONNECTING, DSHIM_CONN_READY };
 
 /* The connection to peer r, NULL when none was made yet. */

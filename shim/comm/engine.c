@@ -48,9 +48,10 @@ void dshim_engine_init(dshim_comm_t *comm)
                : !strcasecmp(a, "rabenseifner") ? DSHIM_ALGO_RABENSEIFNER
                : !strcasecmp(a, "gate") ? DSHIM_ALGO_GATE
                : !strcasecmp(a, "gate-split") ? DSHIM_ALGO_GATE_SPLIT
+               : !strcasecmp(a, "cma") ? DSHIM_ALGO_CMA
                                         : DSHIM_ALGO_AUTO;
     if (strcasecmp(a, "auto") && comm->algo == DSHIM_ALGO_AUTO) {
-        DSHIM_WARN("DSHIM_ALGO=%s is not one of auto, ring, rd, hier, direct, rabenseifner, gate, gate-split; using auto", a);
+        DSHIM_WARN("DSHIM_ALGO=%s is not one of auto, ring, rd, hier, direct, rabenseifner, gate, gate-split, cma; using auto", a);
     }
 }
 

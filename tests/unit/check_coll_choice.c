@@ -25,16 +25,25 @@ static dshim_comm_t make_comm(int n, int sockets)
     c.sockets_only = sockets;
     c.small_msg_bytes = 64 * KIB;
     c.algo = DSHIM_ALGO_AUTO;
-    c.gate_transport = -1; /* no host gate: message algorithms only */
+    c.gate_transport = -1;        /* no host gate: message algorithms only */
+    c.single_copy_transport = -1; /* no single-copy reads either */
     return c;
+}
+
+static dshim_ar_choice_t choice_of(const dshim_comm_t *c, size_t bytes, int in_place)
+{
+    static float a, b;
+    dshim_request_t req = {0};
+    req.dtype = DSHIM_FLOAT32;
+    req.count = bytes / 4;
+    req.sbuf = &a;
+    req.rbuf = in_place ? &a : &b;
+    return dshim_allreduce_choice(c, &req);
 }
 
 static dshim_ar_choice_t choice(const dshim_comm_t *c, size_t bytes)
 {
-    dshim_request_t req = {0};
-    req.dtype = DSHIM_FLOAT32;
-    req.count = bytes / 4;
-    return dshim_allreduce_choice(c, &req);
+    return choice_of(c, bytes, 0);
 }
 
 START_TEST(test_sockets_power_of_two_halving)
@@ -86,6 +95,33 @@ START_TEST(test_core_per_rank)
 }
 END_TEST
 
+START_TEST(test_single_copy)
+{
+    /* a core per rank and a transport that reads peers' memory: single-copy
+     * reads from 2 MiB, above 16 MiB only in place */
+    dshim_comm_t c = make_comm(2, 0);
+    c.spin_yields = 0;
+    c.single_copy_transport = 0;
+    ck_assert_int_eq(choice(&c, 1 * MIB), DSHIM_AR_RING);
+    ck_assert_int_eq(choice(&c, 2 * MIB), DSHIM_AR_SINGLE_COPY);
+    ck_assert_int_eq(choice(&c, 16 * MIB), DSHIM_AR_SINGLE_COPY);
+    ck_assert_int_eq(choice(&c, 32 * MIB), DSHIM_AR_RING);
+    ck_assert_int_eq(choice_of(&c, 32 * MIB, 1), DSHIM_AR_SINGLE_COPY);
+    /* the first call's probe failed somewhere: messages from then on */
+    c.single_copy = DSHIM_SINGLE_COPY_NO;
+    ck_assert_int_eq(choice(&c, 4 * MIB), DSHIM_AR_RING);
+    /* ranks outnumber cores: not here (the gate's, or the messages') */
+    dshim_comm_t o = make_comm(4, 0);
+    o.single_copy_transport = 0;
+    ck_assert_int_eq(choice(&o, 4 * MIB), DSHIM_AR_RING);
+    /* forced: at any size where it can run, auto's choice where it cannot */
+    o.algo = DSHIM_ALGO_CMA;
+    ck_assert_int_eq(choice(&o, 4 * KIB), DSHIM_AR_SINGLE_COPY);
+    o.single_copy_transport = -1;
+    ck_assert_int_eq(choice(&o, 64 * KIB), DSHIM_AR_DIRECT);
+}
+END_TEST
+
 START_TEST(test_forced_algorithm)
 {
     dshim_comm_t c = make_comm(4, 1);
@@ -104,6 +140,7 @@ int main(void)
     tcase_add_test(tc, test_sockets_three_ranks_direct);
     tcase_add_test(tc, test_shared_memory_direct);
     tcase_add_test(tc, test_core_per_rank);
+    tcase_add_test(tc, test_single_copy);
     tcase_add_test(tc, test_forced_algorithm);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -209,7 +209,7 @@ static void child_main(pair_fn fn, size_t ring_size, int fd)
     int rc = 1;
     if (dshim_shm_seg_attach(g_dir, "in1", 2, ring_size, 0, &c.my_inbox) != DSHIM_OK ||
         dshim_shm_seg_attach(g_dir, "in0", 2, ring_size, 0, &c.peer_inbox) != DSHIM_OK ||
-        dshim_shm_conn_create(c.my_inbox, c.peer_inbox, 1, 0, fd, &c.conn) != DSHIM_OK) {
+        dshim_shm_conn_create(c.my_inbox, c.peer_inbox, 1, 0, getppid(), fd, &c.conn) != DSHIM_OK) {
         snprintf(c.err, sizeof(c.err), "child set-up: %s", dshim_last_error());
     } else {
         rc = fn(ctx);
@@ -251,7 +251,7 @@ static int run_pair_status(size_t ring_size, pair_fn parent_fn, pair_fn child_fn
     if (pid < 0) {
         snprintf(c.err, sizeof(c.err), "fork: %s", strerror(errno));
         close(sv[0]);
-    } else if (dshim_shm_conn_create(c.my_inbox, c.peer_inbox, 0, 1, sv[0], &c.conn) != DSHIM_OK) {
+    } else if (dshim_shm_conn_create(c.my_inbox, c.peer_inbox, 0, 1, pid, sv[0], &c.conn) != DSHIM_OK) {
         snprintf(c.err, sizeof(c.err), "parent set-up: %s", dshim_last_error());
         close(sv[0]);
     } else {
@@ -799,7 +799,7 @@ START_TEST(test_segment_invalid)
     /* a conn to a rank the segment has no ring for */
     ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 2, 4096, 0, &seg), DSHIM_OK);
     dshim_conn_t *conn = NULL;
-    ck_assert_int_eq(dshim_shm_conn_create(seg, seg, 0, 2, -1, &conn), DSHIM_ERR_INVALID);
+    ck_assert_int_eq(dshim_shm_conn_create(seg, seg, 0, 2, getpid(), -1, &conn), DSHIM_ERR_INVALID);
     ck_assert_ptr_null(conn);
     dshim_shm_seg_detach(seg);
 }
@@ -814,7 +814,7 @@ START_TEST(test_loopback_semantics)
     int sv[2];
     ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     ck_assert_int_eq(dshim_shm_seg_create(g_dir, "seg", 1, 4096, 0, &seg), DSHIM_OK);
-    ck_assert_int_eq(dshim_shm_conn_create(seg, seg, 0, 0, sv[0], &conn), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_conn_create(seg, seg, 0, 0, getpid(), sv[0], &conn), DSHIM_OK);
     ck_assert_str_eq(conn->ops->name, "shm");
     ck_assert_ptr_nonnull(conn->ops->wait_arm); /* waits on the doorbell, not on the socket */
     ck_assert_int_eq(conn->fd, sv[0]);

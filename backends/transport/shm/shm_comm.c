@@ -25,12 +25,15 @@
 #include "config.h"
 #include "log.h"
 #include "status.h"
+#include "transport/shm/shm_cma.h"
 #include "transport/shm/shm_comm.h"
 #include "transport/shm/shm_ring.h"
 
 /* Whether rank r's inbox holds the host area: rank 0's (the one the host
  * gate uses, when every rank is on its host). */
 #define SHM_HOLDS_AREA(r) ((r) == 0)
+/* The word of a peer record that allows single-copy reads (shm_cma.h). */
+#define SHM_CMA_WORD "cma"
 
 typedef struct shm_comm {
     int rank, size;
@@ -77,9 +80,14 @@ dshim_status_t dshim_shm_comm_setup(const dshim_transport_comm_t *comm, void **s
         free(sc);
         return DSHIM_OK;
     }
-    /* peers open it through my descriptor from now on (see the top) */
+    if (cfg->shm_cma) {
+        dshim_shm_cma_allow();
+    }
+    /* peers open it through my descriptor from now on (see the top); a
+     * fourth word " cma" lets them read my memory (peer_reads) */
     dshim_shm_seg_unlink(sc->inbox);
-    snprintf(addr, addr_len, "%d %d %s", (int)getpid(), dshim_shm_seg_fd(sc->inbox), name);
+    snprintf(addr, addr_len, "%d %d %s%s", (int)getpid(), dshim_shm_seg_fd(sc->inbox), name,
+             cfg->shm_cma ? " " SHM_CMA_WORD : "");
     *state_p = sc;
     return DSHIM_OK;
 }
@@ -91,8 +99,9 @@ int dshim_shm_comm_reaches(void *state, const dshim_transport_peer_t *peer)
     return state != NULL && peer->same_host && peer->addr[0] != 0;
 }
 
-/* Maps the peer's inbox once (through its process: /proc/PID/FD). */
-static dshim_status_t hold_inbox(shm_comm_t *sc, const dshim_transport_peer_t *peer)
+/* Maps the peer's inbox once (through its process: /proc/PID/FD); *pid_p:
+ * that process. */
+static dshim_status_t hold_inbox(shm_comm_t *sc, const dshim_transport_peer_t *peer, int *pid_p)
 {
     int pid = -1, seg_fd = -1;
     char name[64] = "";
@@ -100,6 +109,7 @@ static dshim_status_t hold_inbox(shm_comm_t *sc, const dshim_transport_peer_t *p
         return dshim_error(DSHIM_ERR_PROTOCOL, "shm: peer rank %d published the inbox '%s', not 'PID FD NAME': "
                            "two dshim versions in one job?", peer->rank, peer->addr);
     }
+    *pid_p = pid;
     dshim_status_t st = DSHIM_OK;
     pthread_mutex_lock(&sc->inbox_lock);
     if (sc->peer_inbox[peer->rank] == NULL) {
@@ -114,11 +124,19 @@ static dshim_status_t hold_inbox(shm_comm_t *sc, const dshim_transport_peer_t *p
     return DSHIM_OK;
 }
 
+int dshim_shm_comm_peer_reads(void *state, const dshim_transport_peer_t *peer)
+{
+    char word[16] = "";
+    return dshim_shm_comm_reaches(state, peer) && sscanf(peer->addr, "%*d %*d %*s %15s", word) == 1 &&
+           !strcmp(word, SHM_CMA_WORD);
+}
+
 void dshim_shm_comm_prepare(void *state, const dshim_transport_peer_t *peer)
 {
     shm_comm_t *sc = state;
     if (sc && dshim_shm_comm_reaches(state, peer)) {
-        (void)hold_inbox(sc, peer); /* a failure is connect's to report */
+        int pid;
+        (void)hold_inbox(sc, peer, &pid); /* a failure is connect's to report */
     }
 }
 
@@ -126,10 +144,11 @@ dshim_status_t dshim_shm_comm_connect(void *state, const dshim_transport_peer_t 
                                       dshim_conn_t **conn_p)
 {
     shm_comm_t *sc = state;
-    DSHIM_CHECK(hold_inbox(sc, peer));
+    int pid;
+    DSHIM_CHECK(hold_inbox(sc, peer, &pid));
     /* a failure keeps the mapping until teardown: the host area in it may
      * be in use by the other thread */
-    return dshim_shm_conn_create(sc->inbox, sc->peer_inbox[peer->rank], sc->rank, peer->rank, fd, conn_p);
+    return dshim_shm_conn_create(sc->inbox, sc->peer_inbox[peer->rank], sc->rank, peer->rank, pid, fd, conn_p);
 }
 
 dshim_status_t dshim_shm_comm_host_area(void *state, const dshim_transport_peer_t *owner, void **area_p)
@@ -142,7 +161,8 @@ dshim_status_t dshim_shm_comm_host_area(void *state, const dshim_transport_peer_
     if (owner->rank == sc->rank) {
         *area_p = dshim_shm_seg_host_area(sc->inbox);
     } else {
-        DSHIM_CHECK(hold_inbox(sc, owner));
+        int pid;
+        DSHIM_CHECK(hold_inbox(sc, owner, &pid));
         *area_p = dshim_shm_seg_host_area(sc->peer_inbox[owner->rank]);
     }
     if (*area_p == NULL) {

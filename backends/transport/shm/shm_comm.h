@@ -11,6 +11,7 @@
 dshim_status_t dshim_shm_comm_setup(const dshim_transport_comm_t *comm, void **state_p, char *addr,
                                     size_t addr_len);
 int dshim_shm_comm_reaches(void *state, const dshim_transport_peer_t *peer);
+int dshim_shm_comm_peer_reads(void *state, const dshim_transport_peer_t *peer);
 dshim_status_t dshim_shm_comm_connect(void *state, const dshim_transport_peer_t *peer, int fd,
                                       dshim_conn_t **conn_p);
 void dshim_shm_comm_prepare(void *state, const dshim_transport_peer_t *peer);

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "net.h"
 #include "status.h"
+#include "transport/shm/shm_cma.h"
 #include "transport/shm/shm_comm.h"
 #include "transport/shm/shm_copy.h"
 #include "transport/shm/shm_layout.h"
@@ -32,6 +33,7 @@ typedef struct shm_conn {
     dshim_shm_consumer_t rx;
     unsigned idle_calls;
     size_t stream_min; /* recv_stream copies with streaming stores from this span on (0 = never) */
+    pid_t peer_pid;    /* for peer_read */
 } shm_conn_t;
 
 static dshim_status_t peer_gone(shm_conn_t *sc)
@@ -160,6 +162,16 @@ static int shm_hung_up(dshim_conn_t *c)
     return dshim_net_hung_up(c->fd);
 }
 
+static dshim_status_t shm_peer_read(dshim_conn_t *c, void *buf, const void *remote, size_t len)
+{
+    shm_conn_t *sc = (shm_conn_t *)c;
+    char who[64];
+    dshim_conn_peer_name(c, who, sizeof(who));
+    DSHIM_CHECK(dshim_shm_cma_read(sc->peer_pid, who, buf, remote, len));
+    c->bytes_received += len;
+    return DSHIM_OK;
+}
+
 static void shm_destroy(dshim_conn_t *c)
 {
     if (c == NULL) {
@@ -180,6 +192,7 @@ const dshim_transport_t dshim_transport_shm = {
     .prepare     = dshim_shm_comm_prepare,
     .teardown    = dshim_shm_comm_teardown,
     .host_area   = dshim_shm_comm_host_area,
+    .peer_reads  = dshim_shm_comm_peer_reads,
     .wait_arm    = dshim_shm_comm_wait_arm,
     .wait        = dshim_shm_comm_wait,
     .wait_disarm = dshim_shm_comm_wait_disarm,
@@ -188,13 +201,14 @@ const dshim_transport_t dshim_transport_shm = {
     .peek        = shm_peek,
     .consume     = shm_consume,
     .recv_stream = shm_recv_stream,
+    .peer_read   = shm_peer_read,
     .hung_up     = shm_hung_up,
     .destroy     = shm_destroy,
 };
 
 /* On failure control_fd stays the caller's (it is closed only by destroy). */
 dshim_status_t dshim_shm_conn_create(dshim_shm_seg_t *my_inbox, dshim_shm_seg_t *peer_inbox, int my_rank,
-                                     int peer_rank, int control_fd, dshim_conn_t **conn_p)
+                                     int peer_rank, int peer_pid, int control_fd, dshim_conn_t **conn_p)
 {
     dshim_shm_ring_t tx_ring, rx_ring;
 
@@ -221,6 +235,7 @@ dshim_status_t dshim_shm_conn_create(dshim_shm_seg_t *my_inbox, dshim_shm_seg_t 
     sc->stream_min = dshim_config()->shm_stream_min;
     sc->my_inbox = my_inbox;
     sc->peer_inbox = peer_inbox;
+    sc->peer_pid = peer_pid;
     dshim_shm_producer_init(&sc->tx, &tx_ring);
     dshim_shm_consumer_init(&sc->rx, &rx_ring);
     *conn_p = &sc->base;

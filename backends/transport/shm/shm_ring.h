@@ -50,12 +50,13 @@ void dshim_shm_seg_detach(dshim_shm_seg_t *seg);
  * bytes; NULL when it was made without one. */
 void *dshim_shm_seg_host_area(dshim_shm_seg_t *seg);
 
-/* Connection my_rank <-> peer_rank.  Sends go to peer_inbox's ring number
- * my_rank; receives come from my_inbox's ring number peer_rank.  The
- * connection takes ownership of control_fd (closes it on destroy) but not of
- * the segments. */
+/* Connection my_rank <-> peer_rank (process peer_pid, for single-copy
+ * reads).  Sends go to peer_inbox's ring number my_rank; receives come from
+ * my_inbox's ring number peer_rank.  The connection takes ownership of
+ * control_fd (closes it on destroy) but not of the segments. */
 dshim_status_t dshim_shm_conn_create(dshim_shm_seg_t *my_inbox, dshim_shm_seg_t *peer_inbox,
-                                     int my_rank, int peer_rank, int control_fd, dshim_conn_t **conn_p);
+                                     int my_rank, int peer_rank, int peer_pid, int control_fd,
+                                     dshim_conn_t **conn_p);
 
 /* Doorbell of a segment (use them on my_inbox).  arm announces a sleeper
  * and returns the bell's value; the caller then re-checks its conditions and
