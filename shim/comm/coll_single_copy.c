@@ -104,19 +104,6 @@ static dshim_status_t all_to_all(dshim_comm_t *comm, const dshim_coll_sig_t *sig
     return st;
 }
 
-/* Reads len bytes at `remote` in peer q's memory into buf. */
-static dshim_status_t read_peer(dshim_comm_t *comm, int q, void *buf, uint64_t remote, size_t len)
-{
-    dshim_conn_t *c = dshim_comm_conn(comm, q);
-    if (!c || !c->ops->peer_read) {
-        char who[128];
-        dshim_comm_describe_peer(comm, q, who, sizeof(who));
-        return dshim_error(DSHIM_ERR_INTERNAL, "no single-copy connection to %s (its connection is %s)", who,
-                           c ? c->ops->name : "not made");
-    }
-    return len ? c->ops->peer_read(c, buf, (const void *)(uintptr_t)remote, len) : DSHIM_OK;
-}
-
 /* The first call's probe (step 1): whether this rank can read every peer,
  * then whether every rank can.  DSHIM_ERR_UNSUPPORTED when one cannot (the
  * communicator falls back to messages); a peer that is gone fails it. */
@@ -130,7 +117,7 @@ static dshim_status_t probe(dshim_comm_t *comm, const dshim_coll_sig_t *sig, con
         if (q == r) {
             continue;
         }
-        dshim_status_t st = read_peer(comm, q, &got, theirs[q].probe, sizeof(got));
+        dshim_status_t st = dshim_xfer_read_peer(comm, q, &got, theirs[q].probe, sizeof(got));
         if (st == DSHIM_ERR_PEER || st == DSHIM_ERR_NOMEM || st == DSHIM_ERR_INTERNAL) {
             return dshim_xfer_fail(comm, sig, st);
         }
@@ -177,7 +164,7 @@ static dshim_status_t reduce_share(dshim_comm_t *comm, const dshim_coll_sig_t *s
         size_t cnt = mo + ml - o < per ? mo + ml - o : per;
         for (int i = 1; i < n; i++) {
             int q = (r + i) % n;
-            dshim_status_t st = read_peer(comm, q, tmp, theirs[q].sbuf + o * es, cnt * es);
+            dshim_status_t st = dshim_xfer_read_peer(comm, q, tmp, theirs[q].sbuf + o * es, cnt * es);
             if (st != DSHIM_OK) {
                 return dshim_xfer_fail(comm, sig, st);
             }
@@ -219,7 +206,7 @@ dshim_status_t dshim_allreduce_single_copy(dshim_comm_t *comm, const dshim_coll_
         int q = (r + i) % n;
         size_t qo, ql;
         dshim_part(count, n, q, &qo, &ql);
-        st = read_peer(comm, q, (char *)rbuf + qo * es, theirs[q].rbuf + qo * es, ql * es);
+        st = dshim_xfer_read_peer(comm, q, (char *)rbuf + qo * es, theirs[q].rbuf + qo * es, ql * es);
         if (st != DSHIM_OK) {
             st = dshim_xfer_fail(comm, sig, st);
         }

@@ -71,6 +71,13 @@ void dshim_xfer_link(dshim_xfer_op_t *ops, int first, int n);
  * incoming header.  dtype/redop used for RECV_REDUCE come from sig. */
 dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n);
 
+/* Copies len bytes at `remote` in peer's memory into buf in one copy,
+ * through the connection's peer_read (transport.h; made on first use like
+ * any connection, so the peer must have been sent to or received from
+ * first).  An error (not failing the communicator: the caller decides)
+ * names the peer. */
+dshim_status_t dshim_xfer_read_peer(dshim_comm_t *comm, int peer, void *buf, uint64_t remote, size_t len);
+
 /* Fails the communicator with st and the current error
  * (dshim_last_error), worded as every failed step is: "rank R (host H) in
  * <the call>: <error>". */

@@ -7,7 +7,11 @@
  */
 #include <arpa/inet.h>
 #include <check.h>
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <netinet/in.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <sys/wait.h>
 #include <signal.h>
@@ -16,6 +20,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -519,7 +524,7 @@ END_TEST
  * shared counter, no message: host_gate.h).  Before its 6th barrier the
  * victim (rank 2, or rank 0, whose shared memory holds the gate) is killed,
  * is late by 6 s (DSHIM_TIMEOUT=2), or aborts the communicator. */
-enum { GATE_KILLED, GATE_LATE, GATE_ABORT, GATE_OWNER_KILLED, GATE_SPLIT_KILLED };
+enum { GATE_KILLED, GATE_LATE, GATE_ABORT, GATE_OWNER_KILLED, GATE_SPLIT_KILLED, CMA_KILLED };
 
 /* GATE_SPLIT_KILLED: the victim dies 3 ms into its 6th 16 MiB allreduce
  * through the split gate (DSHIM_ALGO=gate-split: 16 pieces, two arrivals
@@ -533,10 +538,9 @@ static void *kill_me_soon(void *arg)
     return NULL;
 }
 
-static dshim_status_t gate_step(dshim_comm_t *comm, int mode, float *buf, size_t count)
+static dshim_status_t gate_step(dshim_comm_t *comm, float *buf, size_t count)
 {
-    return mode == GATE_SPLIT_KILLED ? dshim_allreduce(comm, buf, buf, count, DSHIM_FLOAT32, DSHIM_SUM)
-                                     : dshim_barrier(comm);
+    return count ? dshim_allreduce(comm, buf, buf, count, DSHIM_FLOAT32, DSHIM_SUM) : dshim_barrier(comm);
 }
 
 static int body_gate(int rank, int size, int port, void *arg)
@@ -547,12 +551,13 @@ static int body_gate(int rank, int size, int port, void *arg)
     if (test_comm_init(rank, size, port, &comm)) {
         return 2;
     }
-    size_t count = mode == GATE_SPLIT_KILLED ? (size_t)4 << 20 : 0;
+    int dies_in_allreduce = mode == GATE_SPLIT_KILLED || mode == CMA_KILLED;
+    size_t count = dies_in_allreduce ? (size_t)4 << 20 : 0;
     float *buf = count ? calloc(count, sizeof(float)) : NULL;
     for (int it = 0; it < 10; it++) {
         if (rank == victim && it == 5) {
             pthread_t killer;
-            if (mode == GATE_SPLIT_KILLED) {
+            if (dies_in_allreduce) {
                 pthread_create(&killer, NULL, kill_me_soon, NULL);
             } else if (mode == GATE_KILLED || mode == GATE_OWNER_KILLED) {
                 kill(getpid(), SIGKILL);
@@ -565,7 +570,7 @@ static int body_gate(int rank, int size, int port, void *arg)
             }
         }
         double t0 = dshim_now();
-        dshim_status_t st = gate_step(comm, mode, buf, count);
+        dshim_status_t st = gate_step(comm, buf, count);
         if (st != DSHIM_OK) {
             fprintf(stderr, "ERROR after %.2f s: %s\n", dshim_now() - t0, dshim_last_error());
             dshim_comm_destroy(comm);
@@ -573,7 +578,7 @@ static int body_gate(int rank, int size, int port, void *arg)
             return 3;
         }
     }
-    if (rank == victim && mode == GATE_SPLIT_KILLED) {
+    if (rank == victim && dies_in_allreduce) {
         sleep_s(5.0); /* the killer thread was too slow: the test says so (not killed) */
     }
     dshim_comm_destroy(comm);
@@ -586,7 +591,10 @@ static int body_gate(int rank, int size, int port, void *arg)
 static void run_gate(int mode, const char *must, const char *must2, double within)
 {
     const char *env[] = {"DSHIM_TRANSPORT=shm", mode == GATE_LATE ? "DSHIM_TIMEOUT=2" : "DSHIM_TIMEOUT=60",
-                         mode == GATE_SPLIT_KILLED ? "DSHIM_ALGO=gate-split" : NULL, NULL};
+                         mode == GATE_SPLIT_KILLED ? "DSHIM_ALGO=gate-split"
+                         : mode == CMA_KILLED      ? "DSHIM_ALGO=cma"
+                                                   : NULL,
+                         NULL};
     test_rank_result_t res[3];
     int victim = mode == GATE_OWNER_KILLED ? 0 : 2;
     int rc = test_run_ranks(3, body_gate, &mode, env, 30.0, res);
@@ -602,7 +610,7 @@ static void run_gate(int mode, const char *must, const char *must2, double withi
         }
         ck_assert_msg(ok, "rank %d must fail within %.0f s naming '%s' and '%s'", r, within, must, must2);
     }
-    if (mode == GATE_KILLED || mode == GATE_OWNER_KILLED || mode == GATE_SPLIT_KILLED) {
+    if (mode == GATE_KILLED || mode == GATE_OWNER_KILLED || mode == GATE_SPLIT_KILLED || mode == CMA_KILLED) {
         ck_assert(!res[victim].exited && res[victim].code == SIGKILL);
     } else if (mode == GATE_LATE) {
         /* it comes to a barrier the others failed: told, not hung */
@@ -627,6 +635,15 @@ END_TEST
 START_TEST(test_gate_split_rank_killed)
 {
     run_gate(GATE_SPLIT_KILLED, "rank 2 (host", "exited ", 5.0);
+}
+END_TEST
+
+/* Single-copy reads (DSHIM_ALGO=cma): the victim dies 3 ms into its 6th
+ * 16 MiB allreduce, while the others read its buffers or wait for its
+ * messages: both name it. */
+START_TEST(test_cma_rank_killed)
+{
+    run_gate(CMA_KILLED, "rank 2", "ERROR", 10.0);
 }
 END_TEST
 
@@ -696,6 +713,99 @@ START_TEST(test_hier_rank_killed_named_by_job_rank)
         ck_assert_msg(ok, "rank %d must fail within 10 s%s", r, r == 1 ? " naming job rank 2" : "");
     }
     ck_assert(!res[2].exited && res[2].code == SIGKILL);
+}
+END_TEST
+
+/* ---- single-copy reads refused ------------------------------------------ */
+
+/* Rank 1 cannot read its peers' memory: a seccomp filter (as a container's
+ * profile may have) fails process_vm_readv with EPERM, or it turned the
+ * reads off (DSHIM_SHM_CMA=0, so its peer record does not allow them).
+ * Either way every allreduce must still be right, through messages. */
+enum { CMA_SECCOMP, CMA_OFF_ON_ONE_RANK };
+
+static int refuse_process_vm_readv(void)
+{
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof(filter) / sizeof(filter[0]), .filter = filter};
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
+static int body_cma_refused(int rank, int size, int port, void *arg)
+{
+    int mode = *(int *)arg;
+    if (rank == 1 && mode == CMA_SECCOMP && refuse_process_vm_readv()) {
+        fprintf(stderr, "ERROR: seccomp: %s\n", strerror(errno));
+        return 2;
+    }
+    if (rank == 1 && mode == CMA_OFF_ON_ONE_RANK) {
+        setenv("DSHIM_SHM_CMA", "0", 1);
+        dshim_config_reload();
+    }
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    size_t count = (size_t)1 << 20; /* 4 MiB of float32 */
+    float *buf = malloc(count * sizeof(float));
+    int bad = 0;
+    for (int it = 0; it < 3 && !bad; it++) {
+        for (size_t i = 0; i < count; i++) {
+            buf[i] = (float)((i + (size_t)it) % 1000) + (float)rank;
+        }
+        if (dshim_allreduce(comm, buf, buf, count, DSHIM_FLOAT32, DSHIM_SUM) != DSHIM_OK) {
+            fprintf(stderr, "ERROR: %s\n", dshim_last_error());
+            bad = 1;
+            break;
+        }
+        for (size_t i = 0; i < count && !bad; i++) {
+            float want = 2.0f * (float)((i + (size_t)it) % 1000) + 1.0f;
+            if (buf[i] != want) {
+                fprintf(stderr, "ERROR: call %d element %zu is %g, not %g\n", it, i, buf[i], want);
+                bad = 1;
+            }
+        }
+    }
+    dshim_comm_destroy(comm);
+    free(buf);
+    return bad ? 3 : 0;
+}
+
+static void run_cma_refused(int mode)
+{
+    const char *env[] = {"DSHIM_TRANSPORT=shm", "DSHIM_TIMEOUT=60", "DSHIM_ALGO=cma", NULL};
+    test_rank_result_t res[2];
+    int rc = test_run_ranks(2, body_cma_refused, &mode, env, 60.0, res);
+    int ok = rc == 0 && res[0].exited && res[0].code == 0 && res[1].exited && res[1].code == 0;
+    /* the seccomp'd rank says once why it reads nothing; with the reads off
+     * nobody probes, so nobody warns */
+    const char *warning = "no single-copy reads between the ranks of this host";
+    if (mode == CMA_SECCOMP) {
+        const char *w = strstr(res[1].err, warning);
+        ok = ok && w && strstr(res[1].err, "process_vm_readv") && !strstr(w + 1, warning);
+    } else {
+        ok = ok && !strstr(res[0].err, warning) && !strstr(res[1].err, warning);
+    }
+    if (!ok) {
+        dump(res, 2);
+    }
+    ck_assert_msg(ok, "both ranks must get right results through messages");
+}
+
+START_TEST(test_cma_refused_by_seccomp)
+{
+    run_cma_refused(CMA_SECCOMP);
+}
+END_TEST
+
+START_TEST(test_cma_off_on_one_rank)
+{
+    run_cma_refused(CMA_OFF_ON_ONE_RANK);
 }
 END_TEST
 
@@ -1296,6 +1406,9 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_gate_timeout_names_missing_rank);
     tcase_add_test(tc, test_gate_abort_reaches_waiters);
     tcase_add_test(tc, test_hier_rank_killed_named_by_job_rank);
+    tcase_add_test(tc, test_cma_rank_killed);
+    tcase_add_test(tc, test_cma_refused_by_seccomp);
+    tcase_add_test(tc, test_cma_off_on_one_rank);
     tcase_add_test(tc, test_mismatched_dtype);
     tcase_add_test(tc, test_mismatched_reduce_scatterv_counts);
     tcase_add_test(tc, test_timeout_names_missing_rank);

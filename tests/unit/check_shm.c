@@ -22,6 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "status.h"
+#include "transport/shm/shm_cma.h"
 #include "transport/shm/shm_copy.h"
 #include "transport/shm/shm_layout.h"
 #include "transport/shm/shm_ring.h"
@@ -1014,6 +1016,54 @@ static int run_bench(void)
 
 /* Every length up to a few vector blocks, at every alignment of source and
  * destination: the bytes equal memcpy's and nothing around them changes. */
+/* Single-copy reads: a child's memory into ours in one call (its copy of
+ * a buffer it filled after fork), and the errors that name the peer: a
+ * process that is gone, an address not mapped there. */
+START_TEST(test_cma_read)
+{
+    size_t len = (size_t)3 << 20;
+    unsigned char *buf = malloc(len), *got = calloc(len, 1);
+    ck_assert_ptr_nonnull(buf);
+    int ready[2], done[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    ck_assert_int_eq(pipe(done), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        for (size_t i = 0; i < len; i++) {
+            buf[i] = (unsigned char)(i * 7 + 3);
+        }
+        char c = 1;
+        if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) < 0) {
+            _exit(1);
+        }
+        _exit(0);
+    }
+    char c;
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    ck_assert_int_eq(dshim_shm_cma_read(pid, "rank 1", got, buf, len), DSHIM_OK);
+    for (size_t i = 0; i < len; i++) {
+        if (got[i] != (unsigned char)(i * 7 + 3)) {
+            ck_abort_msg("byte %zu is %u", i, got[i]);
+        }
+    }
+    ck_assert_int_eq(dshim_shm_cma_read(pid, "rank 1", got, (void *)(uintptr_t)4096, 64), DSHIM_ERR_PROTOCOL);
+    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "rank 1"));
+    ck_assert_int_eq(write(done[1], &c, 1), 1);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_int_eq(dshim_shm_cma_read(pid, "rank 1", got, buf, 64), DSHIM_ERR_PEER);
+    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "rank 1 (pid"));
+    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "exited"));
+    close(ready[0]);
+    close(ready[1]);
+    close(done[0]);
+    close(done[1]);
+    free(buf);
+    free(got);
+}
+END_TEST
+
 START_TEST(test_copy_streaming)
 {
     enum { MAXLEN = 300, GUARD = 64 };
@@ -1058,6 +1108,7 @@ static Suite *shm_suite(void)
     tcase_add_test(tc, test_loopback_semantics);
     tcase_add_test(tc, test_doorbell_timeout);
     tcase_add_test(tc, test_copy_streaming);
+    tcase_add_test(tc, test_cma_read);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("two_processes");
