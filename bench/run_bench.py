@@ -353,7 +353,7 @@ class Bench:
                 env["DSHIM_SOCKET_IFNAME"] = "lo"
             cmd = [os.path.join(self.build, "bin", "dshim-bench"), "-n", str(n), "-o", "allreduce",
                    "-d", "float32", "-r", "sum", "-b", size_arg(min(self.sizes)),
-                   "-e", size_arg(max(self.sizes)), "-f", str(f), "-j", json_path] + mt
+                   "-e", size_arg(max(self.sizes)), "-f", str(f), "--in-place", "-j", json_path] + mt
         elif impl == "wire":
             cmd = [os.path.join(self.bench_dir, "tcp_wire"), "-n", str(n), "-s", sizes_csv,
                    "-j", json_path] + mt
@@ -736,7 +736,7 @@ What runs, per repetition and per N, in this order:
 
 | label | command |
 |---|---|
-| dshim shm | `DSHIM_TRANSPORT=shm build/bin/dshim-bench -n N -o allreduce -d float32 -r sum -b MIN -e MAX -f F -j OUT` |
+| dshim shm | `DSHIM_TRANSPORT=shm build/bin/dshim-bench -n N -o allreduce -d float32 -r sum -b MIN -e MAX -f F --in-place -j OUT` |
 | dshim tcp | same with `DSHIM_TRANSPORT=tcp DSHIM_SOCKET_IFNAME=lo` |
 | gloo (tcp) | `.venv/bin/python bench/gloo_bench.py --np N` (N processes via subprocess, `GLOO_SOCKET_IFNAME=lo`, `OMP_NUM_THREADS=1`, `torch.set_num_threads(1)`) |
 | OpenMPI shm | `mpirun --allow-run-as-root --oversubscribe -np N --mca pml ob1 --mca btl vader,self build/bench/mpi_bench` |

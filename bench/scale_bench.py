@@ -99,7 +99,7 @@ def command(a, impl, n, json_path, mpi_exe):
     mt = str(a.min_time)
     if impl == "dshim":
         return [os.path.join(a.build, "bin", "dshim-bench"), "-n", str(n), "--barrier", "-o", "allreduce",
-                "-d", "float32", "-r", "sum", "-b", "4K", "-e", "1M", "-f", "256", "-t", mt, "-j", json_path]
+                "-d", "float32", "-r", "sum", "-b", "4K", "-e", "1M", "-f", "256", "--in-place", "-t", mt, "-j", json_path]
     if impl == "openmpi":
         return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), "--mca", "pml", "ob1",
                 "--mca", "btl", "vader,self", mpi_exe, "-T", "shm", "-B", "-s", "4K,1M", "-t", mt,
