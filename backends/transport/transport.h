@@ -39,6 +39,9 @@
  *    call maps them (through the owner's
  *    process, so the owner must be alive then: the core calls it before it
  *    can need them), later calls return the same pointer, teardown unmaps.
+ *  - peer_reads (with the connections' peer_read, below): whether peer_read
+ *    may serve this peer, from its record (the peer allowed it:
+ *    DSHIM_SHM_CMA); the same answer on every rank.
  *
  * Waiting.  A transport whose arrivals show on the connection's socket (tcp)
  * leaves wait_arm/wait/wait_disarm NULL: the engine polls that socket, POLLIN
@@ -75,9 +78,6 @@
  *    belongs to `span` bytes of data (the message, or the collective it is a
  *    piece of); when span is too large for the cache the transport may copy
  *    with non-temporal stores (shm, from DSHIM_SHM_STREAM_MIN).
- *  - peer_reads (with peer_read): whether peer_read may serve this peer, from
- *    its peer record (the peer allowed it: DSHIM_SHM_CMA); the same answer
- *    on both ends.
  *  - peer_read (optional; host-local transports that can read a peer's
  *    memory directly, shm through process_vm_readv): copies len bytes at
  *    `remote` in the peer's address space into buf in one copy, blocking (a

@@ -58,7 +58,7 @@ void dshim_single_copy_plan(dshim_comm_t *comm);
  * out of place 512 KiB 0.88, 1 MiB 0.89, 2-8 MiB 0.75-0.77, 16 MiB 0.83,
  * 32 MiB 1.12, 64 MiB 1.05; in place 512 KiB-1 MiB 1.19-1.34, 2 MiB 0.80,
  * 4-16 MiB 0.70-0.76, 32 MiB 0.80, 64 MiB 0.88 (docs/benchmarks.md,
- * "N = 2, 4-16 MiB: single-copy reads"). */
+ * "N = 2, 2-64 MiB: single-copy reads"). */
 #define DSHIM_SINGLE_COPY_MIN_BYTES ((size_t)2 << 20)
 #define DSHIM_SINGLE_COPY_MAX_BYTES ((size_t)16 << 20)
 

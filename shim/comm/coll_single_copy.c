@@ -5,7 +5,7 @@
  * into the ring and out of it again.  OpenMPI's shared-memory transport
  * moves large messages the same way (vader's CMA single copy); with 2 ranks
  * at 4-16 MiB it beat dshim's ring by a quarter (docs/benchmarks.md,
- * "N = 2, 4-16 MiB: single-copy reads").
+ * "N = 2, 2-64 MiB: single-copy reads").
  *
  * One call, every rank:
  *  1. sends every peer where its buffers are (sbuf, rbuf) and receives
