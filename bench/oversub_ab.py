@@ -88,7 +88,8 @@ def run_dshim(a, build, env_extra, sizes):
     env = clean_env()
     env_extra = dict(env_extra)
     bench_args = env_extra.pop(BENCH_ARGS, [])
-    env.update(OMP_NUM_THREADS="1", DSHIM_TRANSPORT=a.transport, **env_extra)
+    env.update(OMP_NUM_THREADS="1", DSHIM_TRANSPORT=a.transport)
+    env.update(env_extra)  # a case may set DSHIM_TRANSPORT itself (auto, with --hosts)
     if a.transport == "tcp":
         env.setdefault("DSHIM_SOCKET_IFNAME", "lo")
     got = {}

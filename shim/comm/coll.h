@@ -17,6 +17,25 @@ dshim_status_t dshim_algo_gather(dshim_comm_t *comm, dshim_request_t *req);
 dshim_status_t dshim_algo_scatter(dshim_comm_t *comm, dshim_request_t *req);
 dshim_status_t dshim_algo_barrier(dshim_comm_t *comm, dshim_request_t *req);
 
+/* Hierarchical (coll_hier.c; comm->local set): reduce inside the host
+ * (shared memory) to its first rank, allreduce between the hosts' first
+ * ranks (network), broadcast inside the host. */
+dshim_status_t dshim_allreduce_hier(dshim_comm_t *comm, dshim_request_t *req);
+/* Hierarchical barrier: the host's ranks meet at their gate, the hosts'
+ * first ranks by dissemination between hosts, the host's ranks at their
+ * gate again: ceil(log2 hosts) rounds of messages over the network instead
+ * of ceil(log2 N).  Where the ranks of every host that has several meet at
+ * a gate (comm->barrier_hier, decided alike on every rank from the peer
+ * records by topo.c): measured on 2 cores with pretended hosts
+ * (dshim-bench --hosts), its time over the flat dissemination's: N = 4 on
+ * 2 hosts 0.24, 8 / 2 0.70, 16 / 2 0.47, 16 / 4 0.75 (docs/benchmarks.md,
+ * "The barrier across hosts"). */
+dshim_status_t dshim_barrier_hier(dshim_comm_t *comm, dshim_request_t *req);
+static inline int dshim_barrier_hier_fits(const dshim_comm_t *comm)
+{
+    return comm->barrier_hier;
+}
+
 /* Recursive-doubling allreduce of buf in place (latency-optimal; any size,
  * non-powers of two fold the extra ranks in first). */
 dshim_status_t dshim_allreduce_rd(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *buf, size_t count);

@@ -140,11 +140,16 @@ dshim_status_t dshim_algo_alltoallv(dshim_comm_t *comm, dshim_request_t *req)
  * every other.  Unlike a recursive-doubling exchange a rank needs no reply
  * from the rank it sent to, so it moves on as soon as its left partner has
  * arrived: with ranks sharing cores that is half the time (N = 4 on 2 cores:
- * docs/benchmarks.md), and any N takes ceil(log2 N) rounds without folding. */
+ * docs/benchmarks.md), and any N takes ceil(log2 N) rounds without folding.
+ * Every rank on one host meets at the host gate instead; ranks on several
+ * hosts whose hosts have gates, through the hierarchy (coll_hier.c). */
 dshim_status_t dshim_algo_barrier(dshim_comm_t *comm, dshim_request_t *req)
 {
     if (comm->gate_transport >= 0) {
         return dshim_host_gate_barrier(comm, &req->sig); /* every rank on this host: one shared counter */
+    }
+    if (dshim_barrier_hier_fits(comm)) {
+        return dshim_barrier_hier(comm, req);
     }
     int n = comm->size, r = comm->rank;
     for (int k = 1; k < n; k <<= 1) {

@@ -416,7 +416,10 @@ DSHIM_EXPORT dshim_status_t dshim_comm_destroy(dshim_comm_t *comm)
     return st < 0 ? st : DSHIM_OK;
 }
 
-dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg)
+/* dshim_comm_fail; `child`: a sub-communicator of the hierarchy failed
+ * with its parent, which already logged, counted itself in failseen and
+ * dumped the recorder's rings. */
+static dshim_status_t comm_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg, int child)
 {
     pthread_mutex_lock(&comm->lock);
     if (comm->error != DSHIM_OK) {
@@ -446,7 +449,9 @@ dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char
     snprintf(comm->errmsg, sizeof(comm->errmsg), "%s", full);
     __atomic_store_n(&comm->error, st, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&comm->lock);
-    DSHIM_WARN("%s", full);
+    if (!child) {
+        DSHIM_WARN("%s", full);
+    }
     if (comm->store->store) {
         /* best effort, bounded: when the store's host is the rank that
          * stopped or was cut off, waiting for it would hold back the
@@ -455,7 +460,7 @@ dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char
         char key[160];
         int won = 0;
         snprintf(key, sizeof(key), "%sabort", comm->prefix);
-        if (dshim_store_set_if_absent(comm->store->store, key, msg, strlen(msg), &won) == DSHIM_OK) {
+        if (dshim_store_set_if_absent(comm->store->store, key, msg, strlen(msg), &won) == DSHIM_OK && !child) {
             int64_t seen;
             dshim_store_add(comm->store->store, "failseen", 1, &seen);
         }
@@ -476,15 +481,33 @@ dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char
         }
     }
     pthread_mutex_unlock(&comm->conn_lock);
+    /* and the hierarchy's sub-communicators: the ranks of this host wait
+     * on this rank's part of a hierarchical step (at their gate, or for its
+     * message), the other hosts' leaders on its messages between hosts;
+     * without this they would learn of the failure only when this process
+     * exits or at their timeout.  Their errors then carry this one as the
+     * first failure in the job. */
+    if (comm->local) {
+        comm_fail(comm->local, st, full, 1);
+    }
+    if (comm->leaders) {
+        comm_fail(comm->leaders, st, full, 1);
+    }
     /* after the peers were told (a dump takes milliseconds); the failed
      * operation is still "waiting" in the ring: its executor marks it
      * failed only after this returns.  The first failure of the process
-     * writes the dump; later ones within a second are its echoes. */
-    if (comm->trace) {
+     * writes the dump (every ring); later ones within a second are its
+     * echoes. */
+    if (comm->trace && !child) {
         dshim_trace_dump_all(trace_reason(st), full);
     }
     dshim_error_set_raw(full);
     return st;
+}
+
+dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg)
+{
+    return comm_fail(comm, st, msg, 0);
 }
 
 DSHIM_EXPORT dshim_status_t dshim_comm_abort(dshim_comm_t *comm, const char *reason)
@@ -499,6 +522,18 @@ DSHIM_EXPORT dshim_status_t dshim_comm_abort(dshim_comm_t *comm, const char *rea
     dshim_comm_fail(comm, DSHIM_ERR_ABORTED, msg);
     dshim_engine_wake(comm);
     return DSHIM_OK;
+}
+
+void dshim_comm_list_rank(const dshim_comm_t *comm, int r, char *out, size_t len, size_t *o)
+{
+    if (*o >= len) {
+        return;
+    }
+    int n = comm->job_rank ? snprintf(out + *o, len - *o, "%s%d (job rank %d)", *o ? ", " : "", r, comm->job_rank[r])
+                           : snprintf(out + *o, len - *o, "%s%d", *o ? ", " : "", r);
+    if (n > 0) {
+        *o = *o + (size_t)n < len ? *o + (size_t)n : len;
+    }
 }
 
 void dshim_comm_describe_peer(const dshim_comm_t *comm, int peer, char *out, size_t len)

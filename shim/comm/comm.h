@@ -163,6 +163,7 @@ struct dshim_comm {
                                     * (dshim_comm_create_child: hosts, leaders, splits) each member's
                                     * rank there, so that messages name processes as the job does */
     int nhosts;
+    int barrier_hier;              /* the barrier runs on local and leaders (coll.h dshim_barrier_hier) */
 };
 
 enum {
@@ -227,5 +228,10 @@ void dshim_topo_destroy(dshim_comm_t *comm);
 void dshim_comm_trace_open(dshim_comm_t *comm, const char *desc);
 /* "rank 3 (host h, pid p)" */
 void dshim_comm_describe_peer(const dshim_comm_t *comm, int peer, char *out, size_t len);
+/* Appends rank r to a list such as "ranks that did not arrive: 2, 5" at
+ * out + *o: "3", or "1 (job rank 3)" on a sub-communicator, whose numbering
+ * is not the job's; ", " before every entry but the first.  Stops short of
+ * overflowing len. */
+void dshim_comm_list_rank(const dshim_comm_t *comm, int r, char *out, size_t len, size_t *o);
 
 #endif

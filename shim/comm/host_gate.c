@@ -163,8 +163,8 @@ static void missing_ranks(dshim_comm_t *comm, void *area, uint64_t episode, char
         if (first_gone && *first_gone < 0 && process_gone(comm->peers[r].pid)) {
             *first_gone = r;
         }
-        if (o + 16 < len) {
-            o += (size_t)snprintf(out + o, len - o, "%s%d", o ? ", " : "", r);
+        if (o + 32 < len) {
+            dshim_comm_list_rank(comm, r, out, len, &o);
         }
     }
 }

@@ -612,7 +612,7 @@ static void missing_ranks(dshim_comm_t *comm, uint64_t seq, char *out, size_t le
     size_t o = 0;
     out[0] = 0;
     double patience = dshim_store_patience(store_peek_s(comm));
-    for (int r = 0; r < comm->size && o + 16 < len && !*store_silent; r++) {
+    for (int r = 0; r < comm->size && o + 32 < len && !*store_silent; r++) {
         if (r == comm->rank) {
             continue;
         }
@@ -631,7 +631,7 @@ static void missing_ranks(dshim_comm_t *comm, uint64_t seq, char *out, size_t le
             *store_silent = 1;
             break;
         }
-        o += (size_t)snprintf(out + o, len - o, "%s%d", o ? ", " : "", r);
+        dshim_comm_list_rank(comm, r, out, len, &o);
     }
     dshim_store_patience(patience);
     if (*store_silent) {

@@ -668,26 +668,52 @@ END_TEST
  * its 6th: the others fail within 10 s, and its host's leader, whose
  * in-host step finds it gone, names it by its rank in the job, not only in
  * the host's sub-communicator. */
-static int body_hier_killed(int rank, int size, int port, void *arg)
+/* Ranks on pretended hosts (DSHIM_HOST_ID), so that collectives run through
+ * the hierarchy (steps on the sub-communicators of a host's ranks and of
+ * the hosts' first ranks), and a victim SIGKILLed before its 6th call:
+ *  HIER_ALLREDUCE: 3 ranks (rank 0; ranks 1, 2), 256 KiB allreduces,
+ *    rank 2 killed;
+ *  HIER_LEADER_LINGERS: the same, but rank 1 (its host's first rank, in
+ *    whose local step the death shows) stays 20 s after its error, as a
+ *    program that handles it slowly would: rank 0, which waits for rank 1
+ *    between hosts, must learn of the failure from rank 1's failing, not
+ *    from its exit;
+ *  HIER_BARRIER, HIER_BARRIER_LEADER: 4 ranks (0, 1; 2, 3) in barriers
+ *    (the host gate, dissemination between hosts, the gate again), rank 3
+ *    or its host's first rank 2 killed. */
+enum { HIER_ALLREDUCE, HIER_LEADER_LINGERS, HIER_BARRIER, HIER_BARRIER_LEADER };
+
+static int hier_victim(int mode)
 {
-    (void)arg;
-    (void)size;
-    setenv("DSHIM_HOST_ID", rank == 0 ? "fake-host-0" : "fake-host-1", 1);
+    return mode == HIER_BARRIER ? 3 : 2;
+}
+
+static int body_hier(int rank, int size, int port, void *arg)
+{
+    int mode = *(int *)arg;
+    int barrier = mode == HIER_BARRIER || mode == HIER_BARRIER_LEADER;
+    char host[32];
+    snprintf(host, sizeof(host), "fake-host-%d", barrier ? rank / 2 : rank > 0);
+    setenv("DSHIM_HOST_ID", host, 1);
     dshim_config_reload();
     dshim_comm_t *comm;
     if (test_comm_init(rank, size, port, &comm)) {
         return 2;
     }
-    size_t count = 64 << 10;
-    float *buf = calloc(count, sizeof(float));
+    size_t count = barrier ? 0 : 64 << 10;
+    float *buf = calloc(count + 1, sizeof(float));
     for (int it = 0; it < 10; it++) {
-        if (rank == 2 && it == 5) {
+        if (rank == hier_victim(mode) && it == 5) {
             kill(getpid(), SIGKILL);
         }
         double t0 = dshim_now();
-        dshim_status_t st = dshim_allreduce(comm, buf, buf, count, DSHIM_FLOAT32, DSHIM_SUM);
+        dshim_status_t st = barrier ? dshim_barrier(comm) : dshim_allreduce(comm, buf, buf, count, DSHIM_FLOAT32,
+                                                                            DSHIM_SUM);
         if (st != DSHIM_OK) {
             fprintf(stderr, "ERROR after %.2f s: %s\n", dshim_now() - t0, dshim_last_error());
+            if (mode == HIER_LEADER_LINGERS && rank == 1) {
+                sleep_s(20.0);
+            }
             dshim_comm_destroy(comm);
             free(buf);
             return 3;
@@ -698,21 +724,54 @@ static int body_hier_killed(int rank, int size, int port, void *arg)
     return 0;
 }
 
-START_TEST(test_hier_rank_killed_named_by_job_rank)
+/* Every rank but the victim fails within 10 s of its death, and its error
+ * names the victim by its rank in the job (the steps' sub-communicators
+ * number their ranks otherwise). */
+static void run_hier(int mode, int n)
 {
     const char *env[] = {"DSHIM_TIMEOUT=60", NULL};
-    test_rank_result_t res[3];
-    int rc = test_run_ranks(3, body_hier_killed, NULL, env, 90.0, res);
+    test_rank_result_t res[4];
+    int victim = hier_victim(mode);
+    char must[32];
+    snprintf(must, sizeof(must), "job rank %d", victim);
+    int rc = test_run_ranks(n, body_hier, &mode, env, 90.0, res);
     ck_assert_int_eq(rc, 0);
-    for (int r = 0; r < 2; r++) {
-        int ok = res[r].exited && res[r].code == 3 && res[r].seconds - res[2].seconds < 10.0 &&
-                 (r != 1 || strstr(res[r].err, "job rank 2"));
-        if (!ok) {
-            dump(res, 3);
+    for (int r = 0; r < n; r++) {
+        if (r == victim) {
+            continue;
         }
-        ck_assert_msg(ok, "rank %d must fail within 10 s%s", r, r == 1 ? " naming job rank 2" : "");
+        /* the lingering rank's own error came in time too: it ends 20 s later */
+        double end = res[r].seconds - (mode == HIER_LEADER_LINGERS && r == 1 ? 20.0 : 0.0);
+        int ok = res[r].exited && res[r].code == 3 && end - res[victim].seconds < 10.0 && strstr(res[r].err, must);
+        if (!ok) {
+            dump(res, n);
+        }
+        ck_assert_msg(ok, "rank %d must fail within 10 s naming %s", r, must);
     }
-    ck_assert(!res[2].exited && res[2].code == SIGKILL);
+    ck_assert(!res[victim].exited && res[victim].code == SIGKILL);
+}
+
+START_TEST(test_hier_rank_killed_named_by_job_rank)
+{
+    run_hier(HIER_ALLREDUCE, 3);
+}
+END_TEST
+
+START_TEST(test_hier_leader_fails_without_exiting)
+{
+    run_hier(HIER_LEADER_LINGERS, 3);
+}
+END_TEST
+
+START_TEST(test_hier_barrier_rank_killed)
+{
+    run_hier(HIER_BARRIER, 4);
+}
+END_TEST
+
+START_TEST(test_hier_barrier_leader_killed)
+{
+    run_hier(HIER_BARRIER_LEADER, 4);
 }
 END_TEST
 
@@ -1406,6 +1465,9 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_gate_timeout_names_missing_rank);
     tcase_add_test(tc, test_gate_abort_reaches_waiters);
     tcase_add_test(tc, test_hier_rank_killed_named_by_job_rank);
+    tcase_add_test(tc, test_hier_leader_fails_without_exiting);
+    tcase_add_test(tc, test_hier_barrier_rank_killed);
+    tcase_add_test(tc, test_hier_barrier_leader_killed);
     tcase_add_test(tc, test_cma_rank_killed);
     tcase_add_test(tc, test_cma_refused_by_seccomp);
     tcase_add_test(tc, test_cma_off_on_one_rank);
