@@ -27,7 +27,7 @@ static dshim_status_t sub_step(dshim_comm_t *parent, dshim_comm_t *sub, dshim_ex
     r.sig.coll = (uint8_t)kind;
     r.sig.dtype = (uint8_t)dt;
     r.sig.redop = (uint8_t)op;
-    r.sig.root = kind == DSHIM_COLL_ALLREDUCE ? -1 : 0;
+    r.sig.root = kind == DSHIM_COLL_ALLREDUCE || kind == DSHIM_COLL_BARRIER ? -1 : 0; /* as the API sets it */
     r.sig.count = count;
     r.sig.seq = sub->next_seq++;
     if (sub->trace) {

@@ -121,9 +121,16 @@ static dshim_status_t probe(dshim_comm_t *comm, const dshim_coll_sig_t *sig, con
         if (st == DSHIM_ERR_PEER || st == DSHIM_ERR_NOMEM || st == DSHIM_ERR_INTERNAL) {
             return dshim_xfer_fail(comm, sig, st);
         }
-        if (st != DSHIM_OK || got != SINGLE_COPY_MAGIC) {
+        if (st != DSHIM_OK) {
             ok = 0;
-            snprintf(why, sizeof(why), "%s", st != DSHIM_OK ? dshim_last_error() : "it read the wrong bytes");
+            snprintf(why, sizeof(why), "%s", dshim_last_error());
+        } else if (got != SINGLE_COPY_MAGIC) {
+            /* its pid names another process here: another PID namespace */
+            char who[160];
+            dshim_comm_describe_peer(comm, q, who, sizeof(who));
+            ok = 0;
+            snprintf(why, sizeof(why), "reading %s's memory gave other bytes than it holds: is it in another PID "
+                     "namespace?", who);
         }
     }
     uint64_t *oks = calloc((unsigned)n, sizeof(*oks));

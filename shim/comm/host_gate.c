@@ -64,17 +64,10 @@ static unsigned char *gate_data(void *area, int size, int r)
     return (unsigned char *)area + (size_t)(2 + size) * DSHIM_HOST_AREA_LINE + (size_t)r * DSHIM_HOST_AREA_DATA;
 }
 
-void dshim_host_gate_plan(dshim_comm_t *comm)
+int dshim_host_gate_transport(const dshim_comm_t *comm, const unsigned char *include)
 {
-    comm->gate_transport = -1;
-    if (comm->size < 2 || !dshim_config()->shm_gate) {
-        return;
-    }
-    uint64_t host = comm->peers[comm->rank].host_id;
-    for (int r = 0; r < comm->size; r++) {
-        if (comm->peers[r].host_id != host) {
-            return;
-        }
+    if (!dshim_config()->shm_gate) {
+        return -1;
     }
     for (int i = 0; i < dshim_transport_count(); i++) {
         const dshim_transport_t *t = dshim_transport_at(i);
@@ -83,13 +76,28 @@ void dshim_host_gate_plan(dshim_comm_t *comm)
         }
         int all = 1;
         for (int r = 0; r < comm->size && all; r++) {
-            all = comm->peers[r].transport_addr[i][0] != 0;
+            all = (include && !include[r]) || comm->peers[r].transport_addr[i][0] != 0;
         }
         if (all) {
-            comm->gate_transport = i;
+            return i;
+        }
+    }
+    return -1;
+}
+
+void dshim_host_gate_plan(dshim_comm_t *comm)
+{
+    comm->gate_transport = -1;
+    if (comm->size < 2) {
+        return;
+    }
+    uint64_t host = comm->peers[comm->rank].host_id;
+    for (int r = 0; r < comm->size; r++) {
+        if (comm->peers[r].host_id != host) {
             return;
         }
     }
+    comm->gate_transport = dshim_host_gate_transport(comm, NULL);
 }
 
 /* The gate's memory: rank 0's host area, mapped on first use. */

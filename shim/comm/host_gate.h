@@ -37,6 +37,11 @@
  * the gate when every rank is on this host, published that transport's
  * resources and DSHIM_SHM_GATE allows it; else -1. */
 void dshim_host_gate_plan(dshim_comm_t *comm);
+/* The rule behind it, for the ranks r with include[r] (NULL: every rank):
+ * the registry entry of the first host-local transport with a host area
+ * that all of them published, when DSHIM_SHM_GATE allows a gate; else -1.
+ * Also what decides the hierarchy's barrier (topo.c), host by host. */
+int dshim_host_gate_transport(const dshim_comm_t *comm, const unsigned char *include);
 /* The barrier through the gate (comm->gate_transport >= 0), with the
  * communicator's waiting policy, timeout and stall warnings, and an error
  * naming the rank when one that has not arrived exits or fails. */

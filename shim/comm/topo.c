@@ -14,32 +14,32 @@
 #include <string.h>
 
 #include "comm.h"
-#include "config.h"
+#include "host_gate.h"
 #include "status.h"
 
 /* Whether the ranks of every host that has several can meet at a host gate
- * (host_gate.h dshim_host_gate_plan's rule, host by host): then the barrier
- * runs through the hierarchy.  From the peer records: the same on every
- * rank. */
-static int every_host_has_a_gate(const dshim_comm_t *comm, const int *host_of, const int *host_size)
+ * (the gate's own rule, over those ranks): then the barrier runs through the
+ * hierarchy.  From the peer records: the same on every rank. */
+static dshim_status_t every_host_has_a_gate(const dshim_comm_t *comm, const int *host_of, int nhosts, int *yes_p)
 {
-    if (!dshim_config()->shm_gate) {
-        return 0;
+    int n = comm->size;
+    int *host_size = calloc((size_t)nhosts, sizeof(int));
+    unsigned char *shares = malloc((size_t)n);
+    if (!host_size || !shares) {
+        free(host_size);
+        free(shares);
+        return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
     }
-    for (int i = 0; i < dshim_transport_count(); i++) {
-        const dshim_transport_t *t = dshim_transport_at(i);
-        if (!t->host_local || !t->host_area) {
-            continue;
-        }
-        int all = 1;
-        for (int r = 0; r < comm->size && all; r++) {
-            all = host_size[host_of[r]] < 2 || comm->peers[r].transport_addr[i][0] != 0;
-        }
-        if (all) {
-            return 1;
-        }
+    for (int r = 0; r < n; r++) {
+        host_size[host_of[r]]++;
     }
-    return 0;
+    for (int r = 0; r < n; r++) {
+        shares[r] = host_size[host_of[r]] > 1;
+    }
+    *yes_p = dshim_host_gate_transport(comm, shares) >= 0;
+    free(host_size);
+    free(shares);
+    return DSHIM_OK;
 }
 
 dshim_status_t dshim_topo_setup(dshim_comm_t *comm)
@@ -66,16 +66,11 @@ dshim_status_t dshim_topo_setup(dshim_comm_t *comm)
     comm->nhosts = nhosts;
     dshim_status_t st = DSHIM_OK;
     if (nhosts > 1 && nhosts < n) {
-        int *host_size = calloc((size_t)nhosts, sizeof(int));
-        if (!host_size) {
+        st = every_host_has_a_gate(comm, host_of, nhosts, &comm->barrier_hier);
+        if (st != DSHIM_OK) {
             free(host_of);
-            return dshim_error(DSHIM_ERR_NOMEM, "out of memory");
+            return st;
         }
-        for (int r = 0; r < n; r++) {
-            host_size[host_of[r]]++;
-        }
-        comm->barrier_hier = every_host_has_a_gate(comm, host_of, host_size);
-        free(host_size);
         /* the members of each: this host's ranks (members[0] its leader),
          * then the hosts' first ranks */
         int *members = malloc(sizeof(int) * (size_t)n);
