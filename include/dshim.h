@@ -238,7 +238,10 @@ DSHIM_EXPORT dshim_status_t dshim_request_source(const dshim_request_t *req, int
 DSHIM_EXPORT dshim_status_t dshim_barrier(dshim_comm_t *comm);
 DSHIM_EXPORT dshim_status_t dshim_ibarrier(dshim_comm_t *comm, dshim_request_t **req_p);
 
-/* Counters of what went through dshim (used by tests to prove a path ran). */
+/* Counters of what went through dshim (used by tests to prove a path ran):
+ * bytes this rank handed to its peers and took from them, whether as
+ * messages, through the host gate's shared memory, or by single-copy reads
+ * (a rank's buffers read by its peers count as its bytes sent). */
 typedef struct dshim_stats {
     uint64_t collectives;
     uint64_t bytes_sent;

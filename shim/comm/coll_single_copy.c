@@ -221,6 +221,14 @@ dshim_status_t dshim_allreduce_single_copy(dshim_comm_t *comm, const dshim_coll_
     if (st == DSHIM_OK) {
         st = all_to_all(comm, sig, NULL, NULL, 0);
     }
+    if (st == DSHIM_OK) {
+        /* what the peers read of this rank's buffers: their shares of its
+         * sbuf, its share of its rbuf each (its own reads count as received
+         * on the connections) */
+        size_t mo, ml;
+        dshim_part(count, n, r, &mo, &ml);
+        dshim_comm_count_moved(comm, ((count - ml) + (size_t)(n - 1) * ml) * es, 0);
+    }
     free(theirs);
     return st;
 }

@@ -625,6 +625,9 @@ DSHIM_EXPORT void dshim_comm_stats(const dshim_comm_t *comm, dshim_stats_t *stat
         return;
     }
     stats->collectives = __atomic_load_n(&comm->stats.collectives, __ATOMIC_RELAXED);
+    /* what moved without a connection (dshim_comm_count_moved), then the connections' */
+    stats->bytes_sent = __atomic_load_n(&comm->stats.bytes_sent, __ATOMIC_RELAXED);
+    stats->bytes_received = __atomic_load_n(&comm->stats.bytes_received, __ATOMIC_RELAXED);
     for (int r = 0; r < comm->size; r++) {
         const dshim_conn_t *c = dshim_comm_conn(comm, r);
         if (c) {

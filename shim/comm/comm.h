@@ -226,6 +226,14 @@ void dshim_topo_destroy(dshim_comm_t *comm);
 /* Opens comm's flight-recorder ring (comm->trace stays NULL when the
  * recorder is off); closed by dshim_comm_destroy. */
 void dshim_comm_trace_open(dshim_comm_t *comm, const char *desc);
+/* Counts bytes that moved without a connection (dshim_comm_stats): through
+ * the host gate's shared memory, or read straight from this rank's buffers
+ * by its peers (single copy). */
+static inline void dshim_comm_count_moved(dshim_comm_t *comm, size_t sent, size_t received)
+{
+    __atomic_add_fetch(&comm->stats.bytes_sent, (uint64_t)sent, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&comm->stats.bytes_received, (uint64_t)received, __ATOMIC_RELAXED);
+}
 /* "rank 3 (host h, pid p)" */
 void dshim_comm_describe_peer(const dshim_comm_t *comm, int peer, char *out, size_t len);
 /* Appends rank r to a list such as "ranks that did not arrive: 2, 5" at

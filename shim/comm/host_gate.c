@@ -523,6 +523,7 @@ dshim_status_t dshim_host_gate_allreduce(dshim_comm_t *comm, const dshim_coll_si
     /* the result stays until every rank has copied it: the next episode's
      * reduction writes it only once every rank arrived there */
     memcpy(rbuf, gate_data(area, comm->size, comm->size), bytes);
+    dshim_comm_count_moved(comm, bytes, bytes);
     return DSHIM_OK;
 }
 
@@ -604,6 +605,7 @@ dshim_status_t dshim_host_gate_allreduce_split(dshim_comm_t *comm, const dshim_c
             memcpy(rb + prev.first * es, gate_data(area, comm->size, comm->size) + prev.base, prev.count * es);
         }
     }
+    dshim_comm_count_moved(comm, count * es, count * es);
     return DSHIM_OK;
 }
 
