@@ -28,13 +28,9 @@ dshim_status_t dshim_allreduce_hier(dshim_comm_t *comm, dshim_request_t *req);
  * a gate (comm->barrier_hier, decided alike on every rank from the peer
  * records by topo.c): measured on 2 cores with pretended hosts
  * (dshim-bench --hosts), its time over the flat dissemination's: N = 4 on
- * 2 hosts 0.24, 8 / 2 0.70, 16 / 2 0.47, 16 / 4 0.75 (docs/benchmarks.md,
- * "The barrier across hosts"). */
+ * 2 hosts 0.56, 8 / 2 0.72, 8 / 4 0.79 (docs/benchmarks.md, "The barrier
+ * across hosts"). */
 dshim_status_t dshim_barrier_hier(dshim_comm_t *comm, dshim_request_t *req);
-static inline int dshim_barrier_hier_fits(const dshim_comm_t *comm)
-{
-    return comm->barrier_hier;
-}
 
 /* Recursive-doubling allreduce of buf in place (latency-optimal; any size,
  * non-powers of two fold the extra ranks in first). */
@@ -248,7 +244,8 @@ static inline dshim_ar_choice_t dshim_allreduce_choice(const dshim_comm_t *comm,
         (algo == DSHIM_ALGO_HIER || (algo == DSHIM_ALGO_AUTO && bytes > comm->small_msg_bytes))) {
         return DSHIM_AR_HIER;
     }
-    if (algo == DSHIM_ALGO_CMA || (algo == DSHIM_ALGO_AUTO && dshim_allreduce_single_copy_fits(comm, bytes, req->sbuf == req->rbuf))) {
+    if (algo == DSHIM_ALGO_CMA ||
+        (algo == DSHIM_ALGO_AUTO && dshim_allreduce_single_copy_fits(comm, bytes, req->sbuf == req->rbuf))) {
         return DSHIM_AR_SINGLE_COPY;
     }
     if (algo == DSHIM_ALGO_DIRECT) {

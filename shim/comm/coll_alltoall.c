@@ -148,7 +148,7 @@ dshim_status_t dshim_algo_barrier(dshim_comm_t *comm, dshim_request_t *req)
     if (comm->gate_transport >= 0) {
         return dshim_host_gate_barrier(comm, &req->sig); /* every rank on this host: one shared counter */
     }
-    if (dshim_barrier_hier_fits(comm)) {
+    if (comm->barrier_hier) {
         return dshim_barrier_hier(comm, req);
     }
     int n = comm->size, r = comm->rank;

@@ -583,7 +583,7 @@ const char *dshim_algo_name(const dshim_comm_t *comm, const dshim_request_t *req
     case DSHIM_COLL_SCATTER:
         return "direct";
     case DSHIM_COLL_BARRIER:
-        return comm->gate_transport >= 0 ? "shm-gate" : dshim_barrier_hier_fits(comm) ? "hier" : "dissemination";
+        return comm->gate_transport >= 0 ? "shm-gate" : comm->barrier_hier ? "hier" : "dissemination";
     }
     return NULL;
 }

@@ -53,15 +53,10 @@ void dshim_single_copy_plan(dshim_comm_t *comm)
 {
     comm->single_copy_transport = -1;
     comm->single_copy = DSHIM_SINGLE_COPY_UNKNOWN;
-    if (comm->size < 2) {
+    if (comm->size < 2 || !dshim_comm_one_host(comm)) {
         return;
     }
     const dshim_peer_info_t *me = &comm->peers[comm->rank];
-    for (int r = 0; r < comm->size; r++) {
-        if (comm->peers[r].host_id != me->host_id) {
-            return;
-        }
-    }
     for (int i = 0; i < dshim_transport_count(); i++) {
         const dshim_transport_t *t = dshim_transport_at(i);
         if (!t->host_local || !t->peer_read || !t->peer_reads || !comm->transport_state[i]) {

@@ -226,6 +226,16 @@ void dshim_topo_destroy(dshim_comm_t *comm);
 /* Opens comm's flight-recorder ring (comm->trace stays NULL when the
  * recorder is off); closed by dshim_comm_destroy. */
 void dshim_comm_trace_open(dshim_comm_t *comm, const char *desc);
+/* Whether every rank's peer record names this rank's host. */
+static inline int dshim_comm_one_host(const dshim_comm_t *comm)
+{
+    for (int r = 0; r < comm->size; r++) {
+        if (comm->peers[r].host_id != comm->peers[comm->rank].host_id) {
+            return 0;
+        }
+    }
+    return 1;
+}
 /* Counts bytes that moved without a connection (dshim_comm_stats): through
  * the host gate's shared memory, or read straight from this rank's buffers
  * by its peers (single copy). */

@@ -87,17 +87,7 @@ int dshim_host_gate_transport(const dshim_comm_t *comm, const unsigned char *inc
 
 void dshim_host_gate_plan(dshim_comm_t *comm)
 {
-    comm->gate_transport = -1;
-    if (comm->size < 2) {
-        return;
-    }
-    uint64_t host = comm->peers[comm->rank].host_id;
-    for (int r = 0; r < comm->size; r++) {
-        if (comm->peers[r].host_id != host) {
-            return;
-        }
-    }
-    comm->gate_transport = dshim_host_gate_transport(comm, NULL);
+    comm->gate_transport = comm->size >= 2 && dshim_comm_one_host(comm) ? dshim_host_gate_transport(comm, NULL) : -1;
 }
 
 /* The gate's memory: rank 0's host area, mapped on first use. */

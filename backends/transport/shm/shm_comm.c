@@ -99,8 +99,8 @@ int dshim_shm_comm_reaches(void *state, const dshim_transport_peer_t *peer)
     return state != NULL && peer->same_host && peer->addr[0] != 0;
 }
 
-/* Maps the peer's inbox once (through its process: /proc/PID/FD); *pid_p:
- * that process. */
+/* Maps the peer's inbox once (through its process: /proc/PID/FD); *pid_p
+ * (unless NULL): that process. */
 static dshim_status_t hold_inbox(shm_comm_t *sc, const dshim_transport_peer_t *peer, int *pid_p)
 {
     int pid = -1, seg_fd = -1;
@@ -109,7 +109,9 @@ static dshim_status_t hold_inbox(shm_comm_t *sc, const dshim_transport_peer_t *p
         return dshim_error(DSHIM_ERR_PROTOCOL, "shm: peer rank %d published the inbox '%s', not 'PID FD NAME': "
                            "two dshim versions in one job?", peer->rank, peer->addr);
     }
-    *pid_p = pid;
+    if (pid_p) {
+        *pid_p = pid;
+    }
     dshim_status_t st = DSHIM_OK;
     pthread_mutex_lock(&sc->inbox_lock);
     if (sc->peer_inbox[peer->rank] == NULL) {
@@ -135,8 +137,7 @@ void dshim_shm_comm_prepare(void *state, const dshim_transport_peer_t *peer)
 {
     shm_comm_t *sc = state;
     if (sc && dshim_shm_comm_reaches(state, peer)) {
-        int pid;
-        (void)hold_inbox(sc, peer, &pid); /* a failure is connect's to report */
+        (void)hold_inbox(sc, peer, NULL); /* a failure is connect's to report */
     }
 }
 
@@ -161,8 +162,7 @@ dshim_status_t dshim_shm_comm_host_area(void *state, const dshim_transport_peer_
     if (owner->rank == sc->rank) {
         *area_p = dshim_shm_seg_host_area(sc->inbox);
     } else {
-        int pid;
-        DSHIM_CHECK(hold_inbox(sc, owner, &pid));
+        DSHIM_CHECK(hold_inbox(sc, owner, NULL));
         *area_p = dshim_shm_seg_host_area(sc->peer_inbox[owner->rank]);
     }
     if (*area_p == NULL) {
