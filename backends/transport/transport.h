@@ -39,8 +39,8 @@
  *    call maps them (through the owner's
  *    process, so the owner must be alive then: the core calls it before it
  *    can need them), later calls return the same pointer, teardown unmaps.
- *  - peer_reads (with the connections' peer_read, below): whether peer_read
- *    may serve this peer, from its record (the peer allowed it:
+ *  - peer_reads (with the connections' peer_read and peer_write, below):
+ *    whether they may serve this peer, from its record (the peer allowed it:
  *    DSHIM_SHM_CMA); the same answer on every rank.
  *
  * Waiting.  A transport whose arrivals show on the connection's socket (tcp)
@@ -85,6 +85,9 @@
  *    bytes in place until it learns that the read is done
  *    (shim/comm/coll_single_copy.c).  DSHIM_ERR_PEER when the peer is gone,
  *    DSHIM_ERR_UNSUPPORTED when the kernel refuses the read, both naming it.
+ *  - peer_write (with peer_read): the other direction, len bytes of buf to
+ *    `remote` in the peer's address space, which the peer must not touch
+ *    until it learns that the write is done; the same errors.
  *  - hung_up: non-zero when the peer is known to be gone (closed its end).
  *    Costs a system call: for slow paths only.
  *  - A dead or closed peer: DSHIM_ERR_PEER with a message naming the peer.
@@ -171,6 +174,7 @@ struct dshim_transport {
     dshim_status_t (*recv_ahead)(dshim_conn_t *c, void *buf, size_t len, size_t *n_p);
     dshim_status_t (*recv_stream)(dshim_conn_t *c, void *buf, size_t len, size_t span, size_t *n_p);
     dshim_status_t (*peer_read)(dshim_conn_t *c, void *buf, const void *remote, size_t len);
+    dshim_status_t (*peer_write)(dshim_conn_t *c, const void *buf, void *remote, size_t len);
     int (*hung_up)(dshim_conn_t *c);
     void (*destroy)(dshim_conn_t *c);
 };

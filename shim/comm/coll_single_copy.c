@@ -1,31 +1,36 @@
 /*
  * The single-copy allreduce: ranks of one host that each have a core read
- * each other's buffers directly (a transport's peer_read: shm through
- * process_vm_readv), where a message through a shared-memory ring is copied
- * into the ring and out of it again.  OpenMPI's shared-memory transport
- * moves large messages the same way (vader's CMA single copy); with 2 ranks
- * at 4-16 MiB it beat dshim's ring by a quarter (docs/benchmarks.md,
- * "N = 2, 2-64 MiB: single-copy reads").
+ * and write each other's buffers directly (a transport's peer_read and
+ * peer_write: shm through process_vm_readv/writev), where a message through
+ * a shared-memory ring is copied into the ring and out of it again.
+ * OpenMPI's shared-memory transport moves large messages the same way
+ * (vader's CMA single copy); with 2 ranks at 4-16 MiB it beat dshim's ring
+ * by a quarter (docs/benchmarks.md, "N = 2, 2-64 MiB: single-copy reads").
  *
  * One call, every rank:
  *  1. sends every peer where its buffers are (sbuf, rbuf) and receives
  *     theirs: one small message each way, which is also where the engine
  *     checks that the calls agree;
  *     the first call of a communicator then probes: reads a known word of
- *     every peer and tells every peer whether that worked; if one rank
- *     could not, every rank falls back to messages, now and from then on;
+ *     every peer and writes it back, and tells every peer whether that
+ *     worked; if one rank could not, every rank falls back to messages, now
+ *     and from then on;
  *  2. reduces its share (dshim_part) in pieces: a piece of every peer's
  *     sbuf is read into a scratch buffer that stays in cache, and folded
  *     into its rbuf in the order r, r+1, ... (only this rank computes these
- *     elements, the others copy them);
- *  3. tells every peer that its share is final (an empty message);
- *  4. reads every other share from its owner's rbuf into its own;
- *  5. tells every peer that it read it (an empty message): no rank
- *     returns, and lets its caller change the buffers, while a peer may
- *     still read them.
- * In place (sbuf == rbuf) works as is: step 2 writes only the rank's own
- * share, which no peer reads until step 4, and a peer reads this rank's
- * other shares only in step 2.
+ *     elements); the finished piece, still in cache, is written into every
+ *     peer's rbuf at the same place;
+ *  3. tells every peer that it is done with their buffers (an empty
+ *     message), and returns once every peer said so: no rank lets its caller
+ *     change or read its buffers while a peer may still read or write them.
+ * Writing the result while it is in cache is what a second round of reads
+ * (every rank copying the other shares from their owners' rbufs after a
+ * round of messages) cost more for: those rbufs had left the cache, and the
+ * round of messages waited for the slowest rank (docs/benchmarks.md,
+ * "Single copy: writing the result").
+ * In place (sbuf == rbuf) works as is: a rank's share of any rank's buffer
+ * is read and then written by that rank alone, piece by piece, and nobody
+ * else touches it.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -59,7 +64,7 @@ void dshim_single_copy_plan(dshim_comm_t *comm)
     const dshim_peer_info_t *me = &comm->peers[comm->rank];
     for (int i = 0; i < dshim_transport_count(); i++) {
         const dshim_transport_t *t = dshim_transport_at(i);
-        if (!t->host_local || !t->peer_read || !t->peer_reads || !comm->transport_state[i]) {
+        if (!t->host_local || !t->peer_read || !t->peer_write || !t->peer_reads || !comm->transport_state[i]) {
             continue;
         }
         int all = 1;
@@ -99,8 +104,8 @@ static dshim_status_t all_to_all(dshim_comm_t *comm, const dshim_coll_sig_t *sig
     return st;
 }
 
-/* The first call's probe (step 1): whether this rank can read every peer,
- * then whether every rank can.  DSHIM_ERR_UNSUPPORTED when one cannot (the
+/* The first call's probe (step 1): whether this rank can read and write
+ * every peer, then whether every rank can.  DSHIM_ERR_UNSUPPORTED when one cannot (the
  * communicator falls back to messages); a peer that is gone fails it. */
 static dshim_status_t probe(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const where_t *theirs)
 {
@@ -113,6 +118,11 @@ static dshim_status_t probe(dshim_comm_t *comm, const dshim_coll_sig_t *sig, con
             continue;
         }
         dshim_status_t st = dshim_xfer_read_peer(comm, q, &got, theirs[q].probe, sizeof(got));
+        if (st == DSHIM_OK && got == SINGLE_COPY_MAGIC) {
+            /* the same word back: writing is allowed where reading is, unless
+             * a seccomp profile tells them apart */
+            st = dshim_xfer_write_peer(comm, q, &got, theirs[q].probe, sizeof(got));
+        }
         if (st == DSHIM_ERR_PEER || st == DSHIM_ERR_NOMEM || st == DSHIM_ERR_INTERNAL) {
             return dshim_xfer_fail(comm, sig, st);
         }
@@ -142,14 +152,15 @@ static dshim_status_t probe(dshim_comm_t *comm, const dshim_coll_sig_t *sig, con
     DSHIM_CHECK(st);
     comm->single_copy = all ? DSHIM_SINGLE_COPY_YES : DSHIM_SINGLE_COPY_NO;
     if (!ok) {
-        DSHIM_WARN("rank %d: no single-copy reads between the ranks of this host (%s); large allreduces go "
+        DSHIM_WARN("rank %d: no single-copy transfers between the ranks of this host (%s); large allreduces go "
                    "through shared-memory messages",
                    r, why);
     }
-    return all ? DSHIM_OK : dshim_error(DSHIM_ERR_UNSUPPORTED, "single-copy reads refused");
+    return all ? DSHIM_OK : dshim_error(DSHIM_ERR_UNSUPPORTED, "single-copy transfers refused");
 }
 
-/* Step 2: this rank's share, folded from every rank's sbuf into rbuf. */
+/* Step 2: this rank's share, folded from every rank's sbuf into rbuf and
+ * written into every peer's rbuf. */
 static dshim_status_t reduce_share(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const where_t *theirs,
                                    const char *sb, char *rb, size_t count)
 {
@@ -176,6 +187,13 @@ static dshim_status_t reduce_share(dshim_comm_t *comm, const dshim_coll_sig_t *s
         }
         if (sig->redop == DSHIM_AVG) {
             DSHIM_CHECK(comm->reduce->scale_div(rb + o * es, cnt, dt, n, NULL));
+        }
+        for (int i = 1; i < n; i++) {
+            int q = (r + i) % n;
+            dshim_status_t st = dshim_xfer_write_peer(comm, q, rb + o * es, theirs[q].rbuf + o * es, cnt * es);
+            if (st != DSHIM_OK) {
+                return dshim_xfer_fail(comm, sig, st);
+            }
         }
     }
     return DSHIM_OK;
@@ -204,25 +222,14 @@ dshim_status_t dshim_allreduce_single_copy(dshim_comm_t *comm, const dshim_coll_
     if (st == DSHIM_OK) {
         st = all_to_all(comm, sig, NULL, NULL, 0);
     }
-    for (int i = 1; i < n && st == DSHIM_OK; i++) {
-        int q = (r + i) % n;
-        size_t qo, ql;
-        dshim_part(count, n, q, &qo, &ql);
-        st = dshim_xfer_read_peer(comm, q, (char *)rbuf + qo * es, theirs[q].rbuf + qo * es, ql * es);
-        if (st != DSHIM_OK) {
-            st = dshim_xfer_fail(comm, sig, st);
-        }
-    }
     if (st == DSHIM_OK) {
-        st = all_to_all(comm, sig, NULL, NULL, 0);
-    }
-    if (st == DSHIM_OK) {
-        /* what the peers read of this rank's buffers: their shares of its
-         * sbuf, its share of its rbuf each (its own reads count as received
-         * on the connections) */
+        /* what the connections did not count: the peers' reads of their
+         * shares of this rank's sbuf (sent) and their writes of their shares
+         * into its rbuf (received); this rank's own reads and writes count
+         * on the connections */
         size_t mo, ml;
         dshim_part(count, n, r, &mo, &ml);
-        dshim_comm_count_moved(comm, ((count - ml) + (size_t)(n - 1) * ml) * es, 0);
+        dshim_comm_count_moved(comm, (count - ml) * es, (count - ml) * es);
     }
     free(theirs);
     return st;

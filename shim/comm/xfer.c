@@ -745,6 +745,18 @@ dshim_status_t dshim_xfer_read_peer(dshim_comm_t *comm, int peer, void *buf, uin
     return len ? c->ops->peer_read(c, buf, (const void *)(uintptr_t)remote, len) : DSHIM_OK;
 }
 
+dshim_status_t dshim_xfer_write_peer(dshim_comm_t *comm, int peer, const void *buf, uint64_t remote, size_t len)
+{
+    dshim_conn_t *c = dshim_comm_conn(comm, peer);
+    if (!c || !c->ops->peer_write) {
+        char who[160];
+        dshim_comm_describe_peer(comm, peer, who, sizeof(who));
+        return dshim_error(DSHIM_ERR_INTERNAL, "no connection to %s can write its memory (%s)", who,
+                           c ? c->ops->name : "none made yet");
+    }
+    return len ? c->ops->peer_write(c, buf, (void *)(uintptr_t)remote, len) : DSHIM_OK;
+}
+
 dshim_status_t dshim_xfer_fail(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st)
 {
     char call[160], msg[1024];

@@ -77,6 +77,9 @@ dshim_status_t dshim_xfer(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim
  * first).  An error (not failing the communicator: the caller decides)
  * names the peer. */
 dshim_status_t dshim_xfer_read_peer(dshim_comm_t *comm, int peer, void *buf, uint64_t remote, size_t len);
+/* The other direction: len bytes of buf to `remote` in peer's memory,
+ * through peer_write; the same rules. */
+dshim_status_t dshim_xfer_write_peer(dshim_comm_t *comm, int peer, const void *buf, uint64_t remote, size_t len);
 
 /* Fails the communicator with st and the current error
  * (dshim_last_error), worded as every failed step is: "rank R (host H) in

@@ -777,17 +777,18 @@ END_TEST
 
 /* ---- single-copy reads refused ------------------------------------------ */
 
-/* Rank 1 cannot read its peers' memory: a seccomp filter (as a container's
- * profile may have) fails process_vm_readv with EPERM, or it turned the
- * reads off (DSHIM_SHM_CMA=0, so its peer record does not allow them).
- * Either way every allreduce must still be right, through messages. */
-enum { CMA_SECCOMP, CMA_OFF_ON_ONE_RANK };
+/* Rank 1 cannot read (or only cannot write) its peers' memory: a seccomp
+ * filter (as a container's profile may have) fails process_vm_readv (or
+ * process_vm_writev) with EPERM, or it turned single copies off
+ * (DSHIM_SHM_CMA=0, so its peer record does not allow them).  Either way
+ * every allreduce must still be right, through messages. */
+enum { CMA_SECCOMP, CMA_SECCOMP_WRITE, CMA_OFF_ON_ONE_RANK };
 
-static int refuse_process_vm_readv(void)
+static int refuse_syscall(unsigned nr)
 {
     struct sock_filter filter[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 0, 1),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, nr, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
@@ -798,7 +799,8 @@ static int refuse_process_vm_readv(void)
 static int body_cma_refused(int rank, int size, int port, void *arg)
 {
     int mode = *(int *)arg;
-    if (rank == 1 && mode == CMA_SECCOMP && refuse_process_vm_readv()) {
+    if (rank == 1 && (mode == CMA_SECCOMP || mode == CMA_SECCOMP_WRITE) &&
+        refuse_syscall(mode == CMA_SECCOMP ? __NR_process_vm_readv : __NR_process_vm_writev)) {
         fprintf(stderr, "ERROR: seccomp: %s\n", strerror(errno));
         return 2;
     }
@@ -841,12 +843,13 @@ static void run_cma_refused(int mode)
     test_rank_result_t res[2];
     int rc = test_run_ranks(2, body_cma_refused, &mode, env, 60.0, res);
     int ok = rc == 0 && res[0].exited && res[0].code == 0 && res[1].exited && res[1].code == 0;
-    /* the seccomp'd rank says once why it reads nothing; with the reads off
-     * nobody probes, so nobody warns */
-    const char *warning = "no single-copy reads between the ranks of this host";
-    if (mode == CMA_SECCOMP) {
+    /* the seccomp'd rank says once which call was refused; with single
+     * copies off nobody probes, so nobody warns */
+    const char *warning = "no single-copy transfers between the ranks of this host";
+    if (mode == CMA_SECCOMP || mode == CMA_SECCOMP_WRITE) {
         const char *w = strstr(res[1].err, warning);
-        ok = ok && w && strstr(res[1].err, "process_vm_readv") && !strstr(w + 1, warning);
+        const char *call = mode == CMA_SECCOMP ? "process_vm_readv" : "process_vm_writev";
+        ok = ok && w && strstr(res[1].err, call) && !strstr(w + 1, warning);
     } else {
         ok = ok && !strstr(res[0].err, warning) && !strstr(res[1].err, warning);
     }
@@ -859,6 +862,12 @@ static void run_cma_refused(int mode)
 START_TEST(test_cma_refused_by_seccomp)
 {
     run_cma_refused(CMA_SECCOMP);
+}
+END_TEST
+
+START_TEST(test_cma_writes_refused_by_seccomp)
+{
+    run_cma_refused(CMA_SECCOMP_WRITE);
 }
 END_TEST
 
@@ -1470,6 +1479,7 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_hier_barrier_leader_killed);
     tcase_add_test(tc, test_cma_rank_killed);
     tcase_add_test(tc, test_cma_refused_by_seccomp);
+    tcase_add_test(tc, test_cma_writes_refused_by_seccomp);
     tcase_add_test(tc, test_cma_off_on_one_rank);
     tcase_add_test(tc, test_mismatched_dtype);
     tcase_add_test(tc, test_mismatched_reduce_scatterv_counts);

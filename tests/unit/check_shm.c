@@ -1016,6 +1016,55 @@ static int run_bench(void)
 
 /* Every length up to a few vector blocks, at every alignment of source and
  * destination: the bytes equal memcpy's and nothing around them changes. */
+/* Single-copy writes: ours into a child's buffer in one call (it checks
+ * the bytes after we said so), and the same errors as reads. */
+START_TEST(test_cma_write)
+{
+    size_t len = (size_t)3 << 20;
+    unsigned char *buf = calloc(len, 1), *mine = malloc(len);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_ptr_nonnull(mine);
+    for (size_t i = 0; i < len; i++) {
+        mine[i] = (unsigned char)(i * 5 + 1);
+    }
+    int ready[2], done[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    ck_assert_int_eq(pipe(done), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char c = 1;
+        if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) != 1) {
+            _exit(1);
+        }
+        for (size_t i = 0; i < len; i++) {
+            if (buf[i] != (unsigned char)(i * 5 + 1)) {
+                _exit(2);
+            }
+        }
+        _exit(0);
+    }
+    char c;
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    ck_assert_int_eq(dshim_shm_cma_write(pid, "rank 1", mine, buf, len), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_cma_write(pid, "rank 1", mine, (void *)(uintptr_t)4096, 64), DSHIM_ERR_PROTOCOL);
+    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "writing 64 bytes"));
+    ck_assert_int_eq(write(done[1], &c, 1), 1);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child found other bytes (status %d)", status);
+    ck_assert_int_eq(dshim_shm_cma_write(pid, "rank 1", mine, buf, 64), DSHIM_ERR_PEER);
+    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "rank 1 (pid"));
+    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "wrote"));
+    close(ready[0]);
+    close(ready[1]);
+    close(done[0]);
+    close(done[1]);
+    free(buf);
+    free(mine);
+}
+END_TEST
+
 /* Single-copy reads: a child's memory into ours in one call (its copy of
  * a buffer it filled after fork), and the errors that name the peer: a
  * process that is gone, an address not mapped there. */
@@ -1109,6 +1158,7 @@ static Suite *shm_suite(void)
     tcase_add_test(tc, test_doorbell_timeout);
     tcase_add_test(tc, test_copy_streaming);
     tcase_add_test(tc, test_cma_read);
+    tcase_add_test(tc, test_cma_write);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("two_processes");

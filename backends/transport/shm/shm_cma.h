@@ -1,7 +1,7 @@
 /*
- * Internal to backends/transport/shm: single-copy reads of a peer's memory
- * (Linux cross-memory attach, process_vm_readv), the shm transport's
- * peer_read (transport.h).
+ * Internal to backends/transport/shm: single-copy reads and writes of a
+ * peer's memory (Linux cross-memory attach, process_vm_readv/writev), the
+ * shm transport's peer_read and peer_write (transport.h).
  */
 #ifndef DSHIM_SHM_CMA_H
 #define DSHIM_SHM_CMA_H
@@ -21,5 +21,8 @@ void dshim_shm_cma_allow(void);
  * rules, seccomp, no such system call), DSHIM_ERR_PROTOCOL when the address
  * is not mapped there. */
 dshim_status_t dshim_shm_cma_read(pid_t pid, const char *who, void *buf, const void *remote, size_t len);
+/* The other direction: len bytes of buf to `remote` in process pid; the
+ * same errors (the kernel applies the same rules to both). */
+dshim_status_t dshim_shm_cma_write(pid_t pid, const char *who, const void *buf, void *remote, size_t len);
 
 #endif

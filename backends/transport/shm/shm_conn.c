@@ -33,7 +33,7 @@ typedef struct shm_conn {
     dshim_shm_consumer_t rx;
     unsigned idle_calls;
     size_t stream_min; /* recv_stream copies with streaming stores from this span on (0 = never) */
-    pid_t peer_pid;    /* for peer_read */
+    pid_t peer_pid;    /* for peer_read and peer_write */
 } shm_conn_t;
 
 static dshim_status_t peer_gone(shm_conn_t *sc)
@@ -172,6 +172,16 @@ static dshim_status_t shm_peer_read(dshim_conn_t *c, void *buf, const void *remo
     return DSHIM_OK;
 }
 
+static dshim_status_t shm_peer_write(dshim_conn_t *c, const void *buf, void *remote, size_t len)
+{
+    shm_conn_t *sc = (shm_conn_t *)c;
+    char who[64];
+    dshim_conn_peer_name(c, who, sizeof(who));
+    DSHIM_CHECK(dshim_shm_cma_write(sc->peer_pid, who, buf, remote, len));
+    c->bytes_sent += len;
+    return DSHIM_OK;
+}
+
 static void shm_destroy(dshim_conn_t *c)
 {
     if (c == NULL) {
@@ -202,6 +212,7 @@ const dshim_transport_t dshim_transport_shm = {
     .consume     = shm_consume,
     .recv_stream = shm_recv_stream,
     .peer_read   = shm_peer_read,
+    .peer_write  = shm_peer_write,
     .hung_up     = shm_hung_up,
     .destroy     = shm_destroy,
 };
