@@ -64,17 +64,18 @@ void dshim_single_copy_plan(dshim_comm_t *comm);
 
 /* Where auto picks the single-copy allreduce: every rank on one host with a
  * core of its own (with more ranks than cores the gate runs large
- * allreduces), from DSHIM_SINGLE_COPY_MIN_BYTES, where the ring's second
- * copy costs more than the three rounds of small messages that order the
- * reads; above DSHIM_SINGLE_COPY_MAX_BYTES only in place (sbuf == rbuf, as
- * DDP, Horovod and MPI_IN_PLACE call it): reading the other shares into a
- * separate rbuf that large reads every line of it from memory first, where
- * the ring's copy-out streams.  Paired on 2 cores, time over the ring's:
- * out of place 512 KiB 0.88, 1 MiB 0.89, 2-8 MiB 0.75-0.77, 16 MiB 0.83,
- * 32 MiB 1.12, 64 MiB 1.05; in place 512 KiB-1 MiB 1.19-1.34, 2 MiB 0.80,
- * 4-16 MiB 0.70-0.76, 32 MiB 0.80, 64 MiB 0.88 (docs/benchmarks.md,
- * "N = 2, 2-64 MiB: single-copy reads"). */
-#define DSHIM_SINGLE_COPY_MIN_BYTES ((size_t)2 << 20)
+ * allreduces: single copy in place was 0.8-0.9 of its time at N = 4 on 2
+ * cores from 256 KiB to 8 MiB, even at N = 3, behind at N = 6), from
+ * DSHIM_SINGLE_COPY_MIN_BYTES, where the ring's second copy costs more than
+ * the two rounds of small messages around the copies; above
+ * DSHIM_SINGLE_COPY_MAX_BYTES only in place (sbuf == rbuf, as DDP, Horovod
+ * and MPI_IN_PLACE call it): writing the result into peers' separate rbufs
+ * that large reads every line of them from memory first, where the ring's
+ * copy-out streams.  Paired on 2 cores, N = 2, time over auto's (rd, then the
+ * ring): out of place 32 KiB 0.93, 64-256 KiB 0.52-0.64, 1-16 MiB 0.69-0.82,
+ * 32 MiB 1.26, 64 MiB 1.02; in place 64 KiB-64 MiB 0.47-0.73
+ * (docs/benchmarks.md, "Single copy: writing the result"). */
+#define DSHIM_SINGLE_COPY_MIN_BYTES ((size_t)64 << 10)
 #define DSHIM_SINGLE_COPY_MAX_BYTES ((size_t)16 << 20)
 
 static inline int dshim_allreduce_single_copy_usable(const dshim_comm_t *comm)
@@ -235,7 +236,7 @@ static inline dshim_ar_choice_t dshim_allreduce_choice(const dshim_comm_t *comm,
         return gate;
     }
     /* DSHIM_ALGO=gate or gate-split where the gate cannot serve: auto's
-     * choice; cma too where single-copy reads cannot serve (below) */
+     * choice; cma too where single copies cannot serve (below) */
     int algo = comm->algo == DSHIM_ALGO_GATE || comm->algo == DSHIM_ALGO_GATE_SPLIT ? DSHIM_ALGO_AUTO : comm->algo;
     if (algo == DSHIM_ALGO_CMA && !dshim_allreduce_single_copy_usable(comm)) {
         algo = DSHIM_ALGO_AUTO;

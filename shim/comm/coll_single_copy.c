@@ -5,7 +5,8 @@
  * a shared-memory ring is copied into the ring and out of it again.
  * OpenMPI's shared-memory transport moves large messages the same way
  * (vader's CMA single copy); with 2 ranks at 4-16 MiB it beat dshim's ring
- * by a quarter (docs/benchmarks.md, "N = 2, 2-64 MiB: single-copy reads").
+ * by a quarter (docs/benchmarks.md, "N = 2, 2-64 MiB: single-copy reads");
+ * writing the result as well halved it again in place (below).
  *
  * One call, every rank:
  *  1. sends every peer where its buffers are (sbuf, rbuf) and receives

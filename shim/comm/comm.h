@@ -150,8 +150,8 @@ struct dshim_comm {
     uint64_t gate_episode;         /* calls through it so far (executor only) */
     int gate_probe_next;           /* the next rank an idle probe looks at (atomic; hook_api.c) */
 
-    /* single-copy reads (coll_single_copy.c): every rank on this host, with a
-     * transport that can read the others' memory */
+    /* single copies (coll_single_copy.c): every rank on this host, with a
+     * transport that can read and write the others' memory */
     int single_copy_transport;     /* its registry entry; -1: none */
     int single_copy;               /* DSHIM_SINGLE_COPY_*: probed by the first call, the same on every rank */
 

@@ -775,7 +775,7 @@ START_TEST(test_hier_barrier_leader_killed)
 }
 END_TEST
 
-/* ---- single-copy reads refused ------------------------------------------ */
+/* ---- single-copy transfers refused -------------------------------------- */
 
 /* Rank 1 cannot read (or only cannot write) its peers' memory: a seccomp
  * filter (as a container's profile may have) fails process_vm_readv (or

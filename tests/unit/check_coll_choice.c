@@ -26,7 +26,7 @@ static dshim_comm_t make_comm(int n, int sockets)
     c.small_msg_bytes = 64 * KIB;
     c.algo = DSHIM_ALGO_AUTO;
     c.gate_transport = -1;        /* no host gate: message algorithms only */
-    c.single_copy_transport = -1; /* no single-copy reads either */
+    c.single_copy_transport = -1; /* no single copies either */
     return c;
 }
 
@@ -97,12 +97,13 @@ END_TEST
 
 START_TEST(test_single_copy)
 {
-    /* a core per rank and a transport that reads peers' memory: single-copy
-     * reads from 2 MiB, above 16 MiB only in place */
+    /* a core per rank and a transport that reads and writes peers' memory:
+     * single copies from 64 KiB, above 16 MiB only in place */
     dshim_comm_t c = make_comm(2, 0);
     c.spin_yields = 0;
     c.single_copy_transport = 0;
-    ck_assert_int_eq(choice(&c, 1 * MIB), DSHIM_AR_RING);
+    ck_assert_int_eq(choice(&c, 32 * KIB), DSHIM_AR_RD);
+    ck_assert_int_eq(choice(&c, 64 * KIB), DSHIM_AR_SINGLE_COPY);
     ck_assert_int_eq(choice(&c, 2 * MIB), DSHIM_AR_SINGLE_COPY);
     ck_assert_int_eq(choice(&c, 16 * MIB), DSHIM_AR_SINGLE_COPY);
     ck_assert_int_eq(choice(&c, 32 * MIB), DSHIM_AR_RING);

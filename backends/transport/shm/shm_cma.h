@@ -10,7 +10,7 @@
 
 #include "transport/transport.h"
 
-/* Lets the ranks of this host read this process's memory where Yama's
+/* Lets the ranks of this host read and write this process's memory where Yama's
  * ptrace_scope 1 would allow only its ancestors (as OpenMPI's shared-memory
  * transport does): once per process, when DSHIM_SHM_CMA allows single-copy
  * reads.  Failure is not an error: the first collective's probe finds out. */

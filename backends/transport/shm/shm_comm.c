@@ -32,7 +32,7 @@
 /* Whether rank r's inbox holds the host area: rank 0's (the one the host
  * gate uses, when every rank is on its host). */
 #define SHM_HOLDS_AREA(r) ((r) == 0)
-/* The word of a peer record that allows single-copy reads (shm_cma.h). */
+/* The word of a peer record that allows single-copy reads and writes (shm_cma.h). */
 #define SHM_CMA_WORD "cma"
 
 typedef struct shm_comm {
@@ -84,7 +84,7 @@ dshim_status_t dshim_shm_comm_setup(const dshim_transport_comm_t *comm, void **s
         dshim_shm_cma_allow();
     }
     /* peers open it through my descriptor from now on (see the top); a
-     * fourth word " cma" lets them read my memory (peer_reads) */
+     * fourth word " cma" lets them read and write my memory (peer_reads) */
     dshim_shm_seg_unlink(sc->inbox);
     snprintf(addr, addr_len, "%d %d %s%s", (int)getpid(), dshim_shm_seg_fd(sc->inbox), name,
              cfg->shm_cma ? " " SHM_CMA_WORD : "");
