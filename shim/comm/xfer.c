@@ -733,26 +733,35 @@ static dshim_status_t advance_connects(dshim_comm_t *comm, dshim_xfer_op_t *ops,
     return DSHIM_OK;
 }
 
-dshim_status_t dshim_xfer_read_peer(dshim_comm_t *comm, int peer, void *buf, uint64_t remote, size_t len)
+/* The connection to peer that copies to or from its memory (peer_read and
+ * peer_write come together), or NULL with the error set. */
+static dshim_conn_t *single_copy_conn(dshim_comm_t *comm, int peer, const char *verb)
 {
     dshim_conn_t *c = dshim_comm_conn(comm, peer);
-    if (!c || !c->ops->peer_read) {
+    if (!c || !c->ops->peer_read || !c->ops->peer_write) {
         char who[160];
         dshim_comm_describe_peer(comm, peer, who, sizeof(who));
-        return dshim_error(DSHIM_ERR_INTERNAL, "no connection to %s can read its memory (%s)", who,
-                           c ? c->ops->name : "none made yet");
+        dshim_error(DSHIM_ERR_INTERNAL, "no connection to %s can %s its memory (%s)", who, verb,
+                    c ? c->ops->name : "none made yet");
+        return NULL;
+    }
+    return c;
+}
+
+dshim_status_t dshim_xfer_read_peer(dshim_comm_t *comm, int peer, void *buf, uint64_t remote, size_t len)
+{
+    dshim_conn_t *c = single_copy_conn(comm, peer, "read");
+    if (!c) {
+        return DSHIM_ERR_INTERNAL;
     }
     return len ? c->ops->peer_read(c, buf, (const void *)(uintptr_t)remote, len) : DSHIM_OK;
 }
 
 dshim_status_t dshim_xfer_write_peer(dshim_comm_t *comm, int peer, const void *buf, uint64_t remote, size_t len)
 {
-    dshim_conn_t *c = dshim_comm_conn(comm, peer);
-    if (!c || !c->ops->peer_write) {
-        char who[160];
-        dshim_comm_describe_peer(comm, peer, who, sizeof(who));
-        return dshim_error(DSHIM_ERR_INTERNAL, "no connection to %s can write its memory (%s)", who,
-                           c ? c->ops->name : "none made yet");
+    dshim_conn_t *c = single_copy_conn(comm, peer, "write");
+    if (!c) {
+        return DSHIM_ERR_INTERNAL;
     }
     return len ? c->ops->peer_write(c, buf, (void *)(uintptr_t)remote, len) : DSHIM_OK;
 }

@@ -1012,58 +1012,59 @@ static int run_bench(void)
     return 0;
 }
 
-/* ---- streaming copy ---------------------------------------------------- */
+/* ---- single-copy reads and writes -------------------------------------- */
 
-/* Every length up to a few vector blocks, at every alignment of source and
- * destination: the bytes equal memcpy's and nothing around them changes. */
-/* Single-copy writes: ours into a child's buffer in one call (it checks
- * the bytes after we said so), and the same errors as reads. */
-START_TEST(test_cma_write)
-{
-    size_t len = (size_t)3 << 20;
-    unsigned char *buf = calloc(len, 1), *mine = malloc(len);
-    ck_assert_ptr_nonnull(buf);
-    ck_assert_ptr_nonnull(mine);
-    for (size_t i = 0; i < len; i++) {
-        mine[i] = (unsigned char)(i * 5 + 1);
-    }
+/* The peer of the single-copy tests: a child whose buffer (its copy of buf,
+ * len bytes) holds the pattern byte i = i * 7 + 3 before it says "ready"
+ * (fill), or must hold it when we say "done" (otherwise): its exit status
+ * says so.  It frees its copies first: valgrind's leak check (run_tests.sh)
+ * would make the status 9. */
+typedef struct cma_child {
+    pid_t pid;
     int ready[2], done[2];
-    ck_assert_int_eq(pipe(ready), 0);
-    ck_assert_int_eq(pipe(done), 0);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        /* the exit status is the verdict: freed first, or valgrind's leak
-         * check (run_tests.sh) makes it 9 */
+} cma_child_t;
+
+static unsigned char cma_pattern(size_t i)
+{
+    return (unsigned char)(i * 7 + 3);
+}
+
+static void cma_child_start(cma_child_t *ch, unsigned char *buf, size_t len, int fill, void *also_free)
+{
+    ck_assert_int_eq(pipe(ch->ready), 0);
+    ck_assert_int_eq(pipe(ch->done), 0);
+    ch->pid = fork();
+    ck_assert_int_ge(ch->pid, 0);
+    if (ch->pid == 0) {
+        for (size_t i = 0; i < len && fill; i++) {
+            buf[i] = cma_pattern(i);
+        }
         char c = 1;
-        int code = write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) != 1;
-        for (size_t i = 0; i < len && !code; i++) {
-            code = buf[i] != (unsigned char)(i * 5 + 1) ? 2 : 0;
+        int code = write(ch->ready[1], &c, 1) != 1 || read(ch->done[0], &c, 1) != 1;
+        for (size_t i = 0; i < len && !fill && !code; i++) {
+            code = buf[i] != cma_pattern(i) ? 2 : 0;
         }
         free(buf);
-        free(mine);
+        free(also_free);
         _exit(code);
     }
     char c;
-    ck_assert_int_eq(read(ready[0], &c, 1), 1);
-    ck_assert_int_eq(dshim_shm_cma_write(pid, "rank 1", mine, buf, len), DSHIM_OK);
-    ck_assert_int_eq(dshim_shm_cma_write(pid, "rank 1", mine, (void *)(uintptr_t)4096, 64), DSHIM_ERR_PROTOCOL);
-    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "writing 64 bytes"));
-    ck_assert_int_eq(write(done[1], &c, 1), 1);
-    int status;
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child found other bytes (status %d)", status);
-    ck_assert_int_eq(dshim_shm_cma_write(pid, "rank 1", mine, buf, 64), DSHIM_ERR_PEER);
-    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "rank 1 (pid"));
-    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "wrote"));
-    close(ready[0]);
-    close(ready[1]);
-    close(done[0]);
-    close(done[1]);
-    free(buf);
-    free(mine);
+    ck_assert_int_eq(read(ch->ready[0], &c, 1), 1);
 }
-END_TEST
+
+/* Says "done", waits for the child's end: its wait status. */
+static int cma_child_end(cma_child_t *ch)
+{
+    char c = 1;
+    int status;
+    ck_assert_int_eq(write(ch->done[1], &c, 1), 1);
+    ck_assert_int_eq(waitpid(ch->pid, &status, 0), ch->pid);
+    close(ch->ready[0]);
+    close(ch->ready[1]);
+    close(ch->done[0]);
+    close(ch->done[1]);
+    return status;
+}
 
 /* Single-copy reads: a child's memory into ours in one call (its copy of
  * a buffer it filled after fork), and the errors that name the peer: a
@@ -1073,46 +1074,55 @@ START_TEST(test_cma_read)
     size_t len = (size_t)3 << 20;
     unsigned char *buf = malloc(len), *got = calloc(len, 1);
     ck_assert_ptr_nonnull(buf);
-    int ready[2], done[2];
-    ck_assert_int_eq(pipe(ready), 0);
-    ck_assert_int_eq(pipe(done), 0);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        for (size_t i = 0; i < len; i++) {
-            buf[i] = (unsigned char)(i * 7 + 3);
-        }
-        char c = 1;
-        if (write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) < 0) {
-            _exit(1);
-        }
-        _exit(0);
-    }
-    char c;
-    ck_assert_int_eq(read(ready[0], &c, 1), 1);
-    ck_assert_int_eq(dshim_shm_cma_read(pid, "rank 1", got, buf, len), DSHIM_OK);
+    ck_assert_ptr_nonnull(got);
+    cma_child_t ch;
+    cma_child_start(&ch, buf, len, 1, got);
+    ck_assert_int_eq(dshim_shm_cma_read(ch.pid, "rank 1", got, buf, len), DSHIM_OK);
     for (size_t i = 0; i < len; i++) {
-        if (got[i] != (unsigned char)(i * 7 + 3)) {
+        if (got[i] != cma_pattern(i)) {
             ck_abort_msg("byte %zu is %u", i, got[i]);
         }
     }
-    ck_assert_int_eq(dshim_shm_cma_read(pid, "rank 1", got, (void *)(uintptr_t)4096, 64), DSHIM_ERR_PROTOCOL);
-    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "rank 1"));
-    ck_assert_int_eq(write(done[1], &c, 1), 1);
-    int status;
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_int_eq(dshim_shm_cma_read(pid, "rank 1", got, buf, 64), DSHIM_ERR_PEER);
+    ck_assert_int_eq(dshim_shm_cma_read(ch.pid, "rank 1", got, (void *)(uintptr_t)4096, 64), DSHIM_ERR_PROTOCOL);
+    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "reading 64 bytes"));
+    ck_assert_int_eq(cma_child_end(&ch), 0);
+    ck_assert_int_eq(dshim_shm_cma_read(ch.pid, "rank 1", got, buf, 64), DSHIM_ERR_PEER);
     ck_assert_ptr_nonnull(strstr(dshim_last_error(), "rank 1 (pid"));
-    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "exited"));
-    close(ready[0]);
-    close(ready[1]);
-    close(done[0]);
-    close(done[1]);
+    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "exited while this rank read"));
     free(buf);
     free(got);
 }
 END_TEST
 
+/* Single-copy writes: ours into a child's buffer in one call (the child
+ * checks the bytes after we said "done"), and the same errors. */
+START_TEST(test_cma_write)
+{
+    size_t len = (size_t)3 << 20;
+    unsigned char *buf = calloc(len, 1), *mine = malloc(len);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_ptr_nonnull(mine);
+    for (size_t i = 0; i < len; i++) {
+        mine[i] = cma_pattern(i);
+    }
+    cma_child_t ch;
+    cma_child_start(&ch, buf, len, 0, mine);
+    ck_assert_int_eq(dshim_shm_cma_write(ch.pid, "rank 1", mine, buf, len), DSHIM_OK);
+    ck_assert_int_eq(dshim_shm_cma_write(ch.pid, "rank 1", mine, (void *)(uintptr_t)4096, 64), DSHIM_ERR_PROTOCOL);
+    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "writing 64 bytes"));
+    int status = cma_child_end(&ch);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child found other bytes (status %d)", status);
+    ck_assert_int_eq(dshim_shm_cma_write(ch.pid, "rank 1", mine, buf, 64), DSHIM_ERR_PEER);
+    ck_assert_ptr_nonnull(strstr(dshim_last_error(), "exited while this rank wrote"));
+    free(buf);
+    free(mine);
+}
+END_TEST
+
+/* ---- streaming copy ---------------------------------------------------- */
+
+/* Every length up to a few vector blocks, at every alignment of source and
+ * destination: the bytes equal memcpy's and nothing around them changes. */
 START_TEST(test_copy_streaming)
 {
     enum { MAXLEN = 300, GUARD = 64 };
