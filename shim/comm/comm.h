@@ -154,6 +154,7 @@ struct dshim_comm {
      * transport that can read and write the others' memory */
     int single_copy_transport;     /* its registry entry; -1: none */
     int single_copy;               /* DSHIM_SINGLE_COPY_*: probed by the first call, the same on every rank */
+    struct dshim_single_copy_gate *single_copy_gate; /* made by the first call; outlives the communicator */
 
     /* hierarchy (only when ranks span several hosts and some host has
      * several): the ranks of my host, and the first rank of every host */

@@ -877,6 +877,95 @@ START_TEST(test_cma_off_on_one_rank)
 }
 END_TEST
 
+/* ---- a failed rank's buffer after it returns ---------------------------- */
+
+/* Single copies write into the peers' buffers: a rank that fails and
+ * returns early must not get writes afterwards, when its caller may reuse
+ * the buffer.  Rank 1 stops (SIGSTOP) a few ms into a 64 MiB allreduce,
+ * most likely while writing its share into rank 0, for 0.4 s; meanwhile
+ * rank 0 is aborted by a thread of its own, returns with the error, and
+ * fills its buffer with a sentinel, as a caller reusing it would.  Without
+ * the writers' gate (coll_single_copy.c) rank 1 resumed and overwrote part
+ * of it; with it, rank 0 returns only after rank 1's last write. */
+static void *abort_soon(void *arg)
+{
+    sleep_s(0.03);
+    dshim_comm_abort(arg, "test abort while a peer writes");
+    return NULL;
+}
+
+static void *stop_self_soon(void *arg)
+{
+    (void)arg;
+    sleep_s(0.003);
+    pid_t me = getpid();
+    if (fork() == 0) {
+        sleep_s(0.4);
+        kill(me, SIGCONT);
+        _exit(0);
+    }
+    raise(SIGSTOP);
+    return NULL;
+}
+
+static int body_cma_no_late_write(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    size_t count = (size_t)16 << 20; /* 64 MiB of float32 */
+    float *buf = malloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) {
+        buf[i] = 1.0f;
+    }
+    /* the first call probes; the second is the one */
+    if (dshim_allreduce(comm, buf, buf, count, DSHIM_FLOAT32, DSHIM_SUM) != DSHIM_OK) {
+        fprintf(stderr, "ERROR: first call: %s\n", dshim_last_error());
+        return 2;
+    }
+    pthread_t t;
+    pthread_create(&t, NULL, rank == 0 ? abort_soon : stop_self_soon, comm);
+    dshim_status_t st = dshim_allreduce(comm, buf, buf, count, DSHIM_FLOAT32, DSHIM_SUM);
+    pthread_join(t, NULL);
+    int code = 0;
+    if (rank == 0) {
+        if (st == DSHIM_OK) {
+            fprintf(stderr, "ERROR: the aborted call succeeded\n");
+            code = 3;
+        }
+        for (size_t i = 0; i < count; i++) {
+            buf[i] = -7.0f;
+        }
+        sleep_s(1.0);
+        size_t changed = 0;
+        for (size_t i = 0; i < count; i++) {
+            changed += buf[i] != -7.0f;
+        }
+        if (changed) {
+            fprintf(stderr, "ERROR: %zu elements written after the call returned\n", changed);
+            code = 4;
+        }
+    }
+    dshim_comm_destroy(comm);
+    free(buf);
+    return code;
+}
+
+START_TEST(test_cma_failed_rank_gets_no_late_writes)
+{
+    const char *env[] = {"DSHIM_TRANSPORT=shm", "DSHIM_TIMEOUT=20", "DSHIM_ALGO=cma", NULL};
+    test_rank_result_t res[2];
+    int rc = test_run_ranks(2, body_cma_no_late_write, NULL, env, 60.0, res);
+    int ok = rc == 0 && res[0].exited && res[0].code == 0;
+    if (!ok) {
+        dump(res, 2);
+    }
+    ck_assert_msg(ok, "rank 0 must fail and find its buffer untouched after it returned");
+}
+END_TEST
+
 /* ---- abort from one rank ------------------------------------------------ */
 
 static int body_abort(int rank, int size, int port, void *arg)
@@ -1480,6 +1569,7 @@ static Suite *failure_suite(void)
     tcase_add_test(tc, test_cma_rank_killed);
     tcase_add_test(tc, test_cma_refused_by_seccomp);
     tcase_add_test(tc, test_cma_writes_refused_by_seccomp);
+    tcase_add_test(tc, test_cma_failed_rank_gets_no_late_writes);
     tcase_add_test(tc, test_cma_off_on_one_rank);
     tcase_add_test(tc, test_mismatched_dtype);
     tcase_add_test(tc, test_mismatched_reduce_scatterv_counts);
