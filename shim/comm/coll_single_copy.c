@@ -35,19 +35,18 @@
  *
  * A rank that fails (a third rank died, the call timed out, an abort)
  * leaves before its peers' "done", while they may still write into its
- * rbuf, which its caller may then free or reuse.  So writes go through a
- * gate in the owner's memory (single_copy_gate_t, below): before its first
- * write into a peer a rank marks itself there as writing and then reads
- * whether the peer is still open for this call; it clears the mark after
- * its last write.  A rank leaving early closes its gate and waits until no
- * mark is set (or the marked rank is gone).  Either the writer sees the gate
- * closed and writes nothing, or the owner sees the mark and waits (a store,
- * a full fence and a load on each side).
+ * rbuf, which its caller may then free or reuse.  So writes go through
+ * gates (single_copy_gate_t, below): before its first write into a peer a
+ * rank marks, in its own gate, that it writes into that peer, and then
+ * reads whether the peer's gate is still open for this call; it clears the
+ * mark after its last write.  A rank leaving early closes its gate and
+ * waits until no peer's mark on it is set (or that peer is gone).  Either
+ * the writer sees the gate closed and writes nothing, or the owner sees the
+ * mark and waits (a store, a full fence and a load on each side; the
+ * writer's load is the only system call this adds to a call).
  */
-#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -65,17 +64,19 @@
 
 #define SINGLE_COPY_MAGIC 0x796c6e6f2d646165ull /* what the probe expects to read */
 
-/* The writers' gate of a rank (above), in its own memory, which its peers
- * read and write through the kernel.  One per communicator, never freed: a
- * rank that learns a peer's address may be descheduled for a long while
- * before it writes its mark there, even past that peer's return and the
- * end of its communicator, and its mark must then land in memory that is
- * still the gate (whose `open` then tells it to write nothing). */
+/* A rank's gate (above), in its own memory, which its peers read (and the
+ * first call's probe writes) through the kernel.  One per communicator,
+ * never freed: a rank that learnt a peer's address may be descheduled for
+ * a long while before it reads the peer's `open`, even past that peer's
+ * return and the end of its communicator, and must then read a gate that
+ * tells it to write nothing. */
 typedef struct dshim_single_copy_gate {
-    uint64_t magic;       /* SINGLE_COPY_MAGIC: the first call's probe reads it and writes it back */
-    uint64_t open;        /* the call's tag while peers may write into this rank's rbuf, else 0 */
-    uint64_t size;        /* of writing[] */
-    uint64_t writing[];   /* [p]: rank p's tag between its mark and its last write here, else 0 */
+    uint64_t magic;     /* SINGLE_COPY_MAGIC: the first call's probe reads it and writes it back */
+    uint64_t open;      /* the call's tag while peers may write into this rank's rbuf, else 0 */
+    uint64_t size;      /* ranks */
+    int peers_known;    /* peer[] holds every rank's gate (from the first whole exchange) */
+    uint64_t *peer;     /* [size]: where each rank's gate is, in its memory */
+    uint64_t marks[];   /* [q]: the call's tag while this rank may write into q's rbuf, else 0 */
 } single_copy_gate_t;
 
 static pthread_mutex_t gates_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -87,9 +88,11 @@ static single_copy_gate_t *gate_of(dshim_comm_t *comm)
     if (comm->single_copy_gate) {
         return comm->single_copy_gate;
     }
-    single_copy_gate_t *g = calloc(1, sizeof(*g) + sizeof(uint64_t) * (size_t)comm->size);
+    size_t n = (size_t)comm->size;
+    single_copy_gate_t *g = calloc(1, sizeof(*g) + sizeof(uint64_t) * n);
+    uint64_t *peer = calloc(n, sizeof(*peer));
     pthread_mutex_lock(&gates_lock);
-    void **more = g ? realloc(gates, sizeof(*gates) * (ngates + 1)) : NULL;
+    void **more = g && peer ? realloc(gates, sizeof(*gates) * (ngates + 1)) : NULL;
     if (more) {
         gates = more;
         gates[ngates++] = g;
@@ -97,10 +100,12 @@ static single_copy_gate_t *gate_of(dshim_comm_t *comm)
     pthread_mutex_unlock(&gates_lock);
     if (!more) {
         free(g);
+        free(peer);
         return NULL;
     }
     g->magic = SINGLE_COPY_MAGIC;
-    g->size = (uint64_t)comm->size;
+    g->size = n;
+    g->peer = peer;
     comm->single_copy_gate = g;
     return g;
 }
@@ -109,7 +114,7 @@ static single_copy_gate_t *gate_of(dshim_comm_t *comm)
 typedef struct where {
     uint64_t magic;
     uint64_t sbuf, rbuf;
-    uint64_t gate; /* the address of its single_copy_gate_t */
+    uint64_t gate; /* where its single_copy_gate_t is */
 } where_t;
 
 #define GATE_FIELD(base, field) ((base) + offsetof(single_copy_gate_t, field))
@@ -222,69 +227,41 @@ static dshim_status_t probe(dshim_comm_t *comm, const dshim_coll_sig_t *sig, con
 /* Marks this rank as writing into peer q for the call `tag` and reads
  * whether q is still open for it (*open_p).  q left (closed) when it
  * failed: nothing may be written into it then. */
-static dshim_status_t mark_writing(dshim_comm_t *comm, int q, const where_t *theirs, uint64_t tag, int *open_p)
+static dshim_status_t mark_writing(dshim_comm_t *comm, single_copy_gate_t *g, int q, uint64_t tag, int *open_p)
 {
-    uint64_t mark = tag, open = 0;
-    uint64_t slot = GATE_FIELD(theirs[q].gate, writing) + sizeof(uint64_t) * (uint64_t)comm->rank;
-    DSHIM_CHECK(dshim_xfer_write_peer(comm, q, &mark, slot, sizeof(mark)));
+    uint64_t open = 0;
+    __atomic_store_n(&g->marks[q], tag, __ATOMIC_SEQ_CST);
     /* the mark before the look at `open`; the owner closes before it looks
      * at the marks (close_gate) */
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    DSHIM_CHECK(dshim_xfer_read_peer(comm, q, &open, GATE_FIELD(theirs[q].gate, open), sizeof(open)));
+    DSHIM_CHECK(dshim_xfer_read_peer(comm, q, &open, GATE_FIELD(g->peer[q], open), sizeof(open)));
     *open_p = open == tag;
     return DSHIM_OK;
-}
-
-/* Clears this rank's marks in the peers it marked (after its last write;
- * errors are ignored: a peer that is gone needs no clearing). */
-static void unmark_writing(dshim_comm_t *comm, const where_t *theirs, const char *marked)
-{
-    uint64_t zero = 0;
-    for (int q = 0; q < comm->size; q++) {
-        if (marked[q]) {
-            uint64_t slot = GATE_FIELD(theirs[q].gate, writing) + sizeof(uint64_t) * (uint64_t)comm->rank;
-            (void)dshim_xfer_write_peer(comm, q, &zero, slot, sizeof(zero));
-        }
-    }
-}
-
-/* A process that can no longer write anywhere: gone, or a zombie (which
- * keeps its pid until its parent reaps it, but no memory). */
-static int process_gone(pid_t pid)
-{
-    if (kill(pid, 0) != 0 && errno == ESRCH) {
-        return 1;
-    }
-    char path[64], stat[512];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        return errno == ENOENT;
-    }
-    size_t n = fread(stat, 1, sizeof(stat) - 1, f);
-    fclose(f);
-    stat[n] = 0;
-    const char *close_paren = strrchr(stat, ')'); /* the name may hold spaces and parentheses */
-    return close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X');
 }
 
 /* This rank leaves the call `tag` before its peers said "done": closes its
  * gate, then waits while a peer's mark says it may still write into this
  * rank's rbuf, until that peer clears it (a peer that fails clears its
  * marks on its way out) or its process is gone.  Bounded by the
- * communicator's timeout, after which the peer is named in a warning. */
+ * communicator's timeout, after which the peer is named in a warning.
+ * Peers write only after the first call's probe round, which this rank
+ * joins only once it knows every gate: before that, nobody to wait for. */
 static void close_gate(dshim_comm_t *comm, single_copy_gate_t *g, uint64_t tag)
 {
     __atomic_store_n(&g->open, 0, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (!g->peers_known) {
+        return;
+    }
     double deadline = dshim_now() + comm->timeout_s;
+    uint64_t mark_at = offsetof(single_copy_gate_t, marks) + sizeof(uint64_t) * (uint64_t)comm->rank;
     for (int p = 0; p < comm->size; p++) {
-        unsigned polls = 0;
-        while (p != comm->rank && __atomic_load_n(&g->writing[p], __ATOMIC_SEQ_CST) == tag) {
-            if (++polls % 64 == 0 && process_gone((pid_t)comm->peers[p].pid)) {
-                break;
+        uint64_t mark = tag;
+        while (p != comm->rank && mark == tag) {
+            if (dshim_xfer_read_peer(comm, p, &mark, g->peer[p] + mark_at, sizeof(mark)) != DSHIM_OK) {
+                break; /* gone (a zombie has no memory either) */
             }
-            if (dshim_now() > deadline) {
+            if (mark == tag && dshim_now() > deadline) {
                 char who[160];
                 dshim_comm_describe_peer(comm, p, who, sizeof(who));
                 DSHIM_WARN("rank %d: leaving a failed single-copy allreduce while %s has not finished writing "
@@ -293,16 +270,18 @@ static void close_gate(dshim_comm_t *comm, single_copy_gate_t *g, uint64_t tag)
                            comm->rank, who, comm->timeout_s);
                 break;
             }
-            sched_yield();
+            if (mark == tag) {
+                sched_yield();
+            }
         }
     }
 }
 
 /* Step 2: this rank's share, folded from every rank's sbuf into rbuf and
- * written into every open peer's rbuf (marked[q]: this rank marked itself
- * writing into q; the caller clears the marks). */
-static dshim_status_t reduce_share(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const where_t *theirs,
-                                   const char *sb, char *rb, size_t count, char *marked)
+ * written into every open peer's rbuf (g->marks[q] set: this rank may
+ * write into q; the caller clears the marks). */
+static dshim_status_t reduce_share(dshim_comm_t *comm, single_copy_gate_t *g, const dshim_coll_sig_t *sig,
+                                   const where_t *theirs, const char *sb, char *rb, size_t count)
 {
     int n = comm->size, r = comm->rank;
     dshim_dtype_t dt = (dshim_dtype_t)sig->dtype;
@@ -333,9 +312,8 @@ static dshim_status_t reduce_share(dshim_comm_t *comm, const dshim_coll_sig_t *s
             int q = (r + i) % n;
             dshim_status_t st = DSHIM_OK;
             int open = 1;
-            if (!marked[q]) {
-                st = mark_writing(comm, q, theirs, tag, &open);
-                marked[q] = 1;
+            if (g->marks[q] != tag) {
+                st = mark_writing(comm, g, q, tag, &open);
             }
             if (st == DSHIM_OK && !open) {
                 /* q failed and left: this call fails at its last round of
@@ -361,23 +339,29 @@ dshim_status_t dshim_allreduce_single_copy(dshim_comm_t *comm, const dshim_coll_
     uint64_t tag = sig->seq + 1;
     single_copy_gate_t *g = gate_of(comm);
     where_t *theirs = calloc((unsigned)n, sizeof(*theirs));
-    char *marked = calloc((unsigned)n, 1);
-    if (!g || !theirs || !marked) {
+    if (!g || !theirs) {
         free(theirs);
-        free(marked);
         return dshim_error(DSHIM_ERR_NOMEM, "out of memory for %d ranks' buffer addresses", n);
     }
     /* open before any peer can learn where the buffers are */
     __atomic_store_n(&g->open, tag, __ATOMIC_SEQ_CST);
     where_t out = {.magic = SINGLE_COPY_MAGIC, .sbuf = (uintptr_t)sbuf, .rbuf = (uintptr_t)rbuf, .gate = (uintptr_t)g};
     dshim_status_t st = all_to_all(comm, sig, &out, theirs, sizeof(out));
+    if (st == DSHIM_OK && !g->peers_known) {
+        for (int q = 0; q < n; q++) {
+            g->peer[q] = theirs[q].gate;
+        }
+        g->peers_known = 1;
+    }
     if (st == DSHIM_OK && comm->single_copy == DSHIM_SINGLE_COPY_UNKNOWN) {
         st = probe(comm, sig, theirs);
     }
     if (st == DSHIM_OK) {
-        st = reduce_share(comm, sig, theirs, sbuf, rbuf, count, marked);
+        st = reduce_share(comm, g, sig, theirs, sbuf, rbuf, count);
     }
-    unmark_writing(comm, theirs, marked);
+    for (int q = 0; q < n; q++) {
+        __atomic_store_n(&g->marks[q], 0, __ATOMIC_RELEASE); /* after the last write */
+    }
     if (st == DSHIM_OK) {
         st = all_to_all(comm, sig, NULL, NULL, 0);
     }
@@ -397,6 +381,5 @@ dshim_status_t dshim_allreduce_single_copy(dshim_comm_t *comm, const dshim_coll_
         __atomic_store_n(&g->open, 0, __ATOMIC_RELEASE);
     }
     free(theirs);
-    free(marked);
     return st;
 }
