@@ -73,9 +73,11 @@ void dshim_single_copy_plan(dshim_comm_t *comm);
  * that large reads every line of them from memory first, where the ring's
  * copy-out streams.  Paired on 2 cores, N = 2, time over auto's (rd, then the
  * ring): out of place 32 KiB 0.93, 64-256 KiB 0.52-0.64, 1-16 MiB 0.69-0.82,
- * 32 MiB 1.26, 64 MiB 1.02; in place 64 KiB-64 MiB 0.47-0.73
- * (docs/benchmarks.md, "Single copy: writing the result"). */
-#define DSHIM_SINGLE_COPY_MIN_BYTES ((size_t)64 << 10)
+ * 32 MiB 1.26, 64 MiB 1.02; in place 64 KiB-64 MiB 0.47-0.73; the writers'
+ * gate then added 1-2 us a call (in place 64 KiB 1.07 of recursive
+ * doubling's time, 128 KiB 0.83, 256 KiB 0.65) (docs/benchmarks.md, "Single
+ * copy: writing the result"). */
+#define DSHIM_SINGLE_COPY_MIN_BYTES ((size_t)128 << 10)
 #define DSHIM_SINGLE_COPY_MAX_BYTES ((size_t)16 << 20)
 
 static inline int dshim_allreduce_single_copy_usable(const dshim_comm_t *comm)

@@ -98,12 +98,12 @@ END_TEST
 START_TEST(test_single_copy)
 {
     /* a core per rank and a transport that reads and writes peers' memory:
-     * single copies from 64 KiB, above 16 MiB only in place */
+     * single copies from 128 KiB, above 16 MiB only in place */
     dshim_comm_t c = make_comm(2, 0);
     c.spin_yields = 0;
     c.single_copy_transport = 0;
-    ck_assert_int_eq(choice(&c, 32 * KIB), DSHIM_AR_RD);
-    ck_assert_int_eq(choice(&c, 64 * KIB), DSHIM_AR_SINGLE_COPY);
+    ck_assert_int_eq(choice(&c, 64 * KIB), DSHIM_AR_RD);
+    ck_assert_int_eq(choice(&c, 128 * KIB), DSHIM_AR_SINGLE_COPY);
     ck_assert_int_eq(choice(&c, 2 * MIB), DSHIM_AR_SINGLE_COPY);
     ck_assert_int_eq(choice(&c, 16 * MIB), DSHIM_AR_SINGLE_COPY);
     ck_assert_int_eq(choice(&c, 32 * MIB), DSHIM_AR_RING);
