@@ -224,16 +224,30 @@ static dshim_status_t probe(dshim_comm_t *comm, const dshim_coll_sig_t *sig, con
     return all ? DSHIM_OK : dshim_error(DSHIM_ERR_UNSUPPORTED, "single-copy transfers refused");
 }
 
+/* Stores v into *word, then a full barrier: the store is seen before any
+ * later load of this thread, including the kernel's on its behalf (the
+ * gate's store->load order, on each side).  GCC's ThreadSanitizer rejects
+ * atomic_thread_fence; in that build a seq_cst exchange gives the order
+ * (as shm_ring.c's store_load_barrier does). */
+static inline void store_then_barrier(uint64_t *word, uint64_t v)
+{
+#if defined(__SANITIZE_THREAD__)
+    (void)__atomic_exchange_n(word, v, __ATOMIC_SEQ_CST);
+#else
+    __atomic_store_n(word, v, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
 /* Marks this rank as writing into peer q for the call `tag` and reads
  * whether q is still open for it (*open_p).  q left (closed) when it
  * failed: nothing may be written into it then. */
 static dshim_status_t mark_writing(dshim_comm_t *comm, single_copy_gate_t *g, int q, uint64_t tag, int *open_p)
 {
     uint64_t open = 0;
-    __atomic_store_n(&g->marks[q], tag, __ATOMIC_SEQ_CST);
     /* the mark before the look at `open`; the owner closes before it looks
      * at the marks (close_gate) */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    store_then_barrier(&g->marks[q], tag);
     DSHIM_CHECK(dshim_xfer_read_peer(comm, q, &open, GATE_FIELD(g->peer[q], open), sizeof(open)));
     *open_p = open == tag;
     return DSHIM_OK;
@@ -248,8 +262,7 @@ static dshim_status_t mark_writing(dshim_comm_t *comm, single_copy_gate_t *g, in
  * joins only once it knows every gate: before that, nobody to wait for. */
 static void close_gate(dshim_comm_t *comm, single_copy_gate_t *g, uint64_t tag)
 {
-    __atomic_store_n(&g->open, 0, __ATOMIC_SEQ_CST);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    store_then_barrier(&g->open, 0);
     if (!g->peers_known) {
         return;
     }
