@@ -73,7 +73,6 @@
 typedef struct dshim_single_copy_gate {
     uint64_t magic;     /* SINGLE_COPY_MAGIC: the first call's probe reads it and writes it back */
     uint64_t open;      /* the call's tag while peers may write into this rank's rbuf, else 0 */
-    uint64_t size;      /* ranks */
     int peers_known;    /* peer[] holds every rank's gate (from the first whole exchange) */
     uint64_t *peer;     /* [size]: where each rank's gate is, in its memory */
     uint64_t marks[];   /* [q]: the call's tag while this rank may write into q's rbuf, else 0 */
@@ -104,7 +103,6 @@ static single_copy_gate_t *gate_of(dshim_comm_t *comm)
         return NULL;
     }
     g->magic = SINGLE_COPY_MAGIC;
-    g->size = n;
     g->peer = peer;
     comm->single_copy_gate = g;
     return g;
@@ -258,23 +256,23 @@ static dshim_status_t mark_writing(dshim_comm_t *comm, single_copy_gate_t *g, in
  * rank's rbuf, until that peer clears it (a peer that fails clears its
  * marks on its way out) or its process is gone.  Bounded by the
  * communicator's timeout, after which the peer is named in a warning.
- * Peers write only after the first call's probe round, which this rank
- * joins only once it knows every gate: before that, nobody to wait for. */
+ * Peers write only after the first call's probe round agreed, which this
+ * rank joins only once it knows every gate: before that, or when the
+ * probe refused (every rank learnt it), nobody to wait for. */
 static void close_gate(dshim_comm_t *comm, single_copy_gate_t *g, uint64_t tag)
 {
     store_then_barrier(&g->open, 0);
-    if (!g->peers_known) {
+    if (!g->peers_known || comm->single_copy == DSHIM_SINGLE_COPY_NO) {
         return;
     }
     double deadline = dshim_now() + comm->timeout_s;
     uint64_t mark_at = offsetof(single_copy_gate_t, marks) + sizeof(uint64_t) * (uint64_t)comm->rank;
     for (int p = 0; p < comm->size; p++) {
-        uint64_t mark = tag;
-        while (p != comm->rank && mark == tag) {
-            if (dshim_xfer_read_peer(comm, p, &mark, g->peer[p] + mark_at, sizeof(mark)) != DSHIM_OK) {
-                break; /* gone (a zombie has no memory either) */
-            }
-            if (mark == tag && dshim_now() > deadline) {
+        uint64_t mark;
+        /* a failed read: the peer is gone (a zombie has no memory either) */
+        while (p != comm->rank &&
+               dshim_xfer_read_peer(comm, p, &mark, g->peer[p] + mark_at, sizeof(mark)) == DSHIM_OK && mark == tag) {
+            if (dshim_now() > deadline) {
                 char who[160];
                 dshim_comm_describe_peer(comm, p, who, sizeof(who));
                 DSHIM_WARN("rank %d: leaving a failed single-copy allreduce while %s has not finished writing "
@@ -283,9 +281,7 @@ static void close_gate(dshim_comm_t *comm, single_copy_gate_t *g, uint64_t tag)
                            comm->rank, who, comm->timeout_s);
                 break;
             }
-            if (mark == tag) {
-                sched_yield();
-            }
+            sched_yield();
         }
     }
 }
@@ -387,11 +383,8 @@ dshim_status_t dshim_allreduce_single_copy(dshim_comm_t *comm, const dshim_coll_
         size_t mo, ml;
         dshim_part(count, n, r, &mo, &ml);
         dshim_comm_count_moved(comm, (count - ml) * es, (count - ml) * es);
-    } else if (st != DSHIM_ERR_UNSUPPORTED || comm->single_copy != DSHIM_SINGLE_COPY_NO) {
-        close_gate(comm, g, tag);
     } else {
-        /* the probe refused: nobody wrote, everybody falls back at once */
-        __atomic_store_n(&g->open, 0, __ATOMIC_RELEASE);
+        close_gate(comm, g, tag);
     }
     free(theirs);
     return st;
