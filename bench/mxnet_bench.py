@@ -33,6 +33,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddp_bench import replace_section  # noqa: E402  the one copy of "replace a section of the report"
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SECTION = "## MXNet dist kvstore: dshim vs ps-lite"
@@ -231,22 +234,8 @@ def report(args, runs):
         "timed steps after 3). Cells: "
         "worker 0's value, median over repetitions; the ratio's range over repetitions in brackets." % args.steps_big, "",
         "| metric | dshim | ps-lite | dshim/ps-lite [range] |", "|---|---:|---:|---|"] + rows + [""])
-    replace_section(args.out, section, text)
+    replace_section(args.out, text, section)
     print(text)
-
-
-def replace_section(path, section, text):
-    """Puts text (which starts with the section's heading) in place of that section of path, or at
-    its end; the next section keeps one blank line before its heading."""
-    old = open(path).read() if os.path.exists(path) else ""
-    if section in old:
-        head, rest = old.split(section, 1)
-        nxt = rest.find("\n## ")
-        new = head + text.rstrip("\n") + "\n" + ("\n" + rest[nxt + 1:] if nxt >= 0 else "")
-    else:
-        new = old.rstrip("\n") + ("\n\n" if old else "") + text
-    with open(path, "w") as f:
-        f.write(new)
 
 
 COMPRESSION_SECTION = "## MXNet dist kvstore: 2-bit compression on a 1 Gbit/s link"
@@ -286,7 +275,7 @@ def compression_driver(args):
         "",
         "| metric | dshim | ps-lite | dshim/ps-lite |", "|---|---:|---:|---|"] + rows + [
         "", "%s" % COMPRESSION_NOTE, ""])
-    replace_section(args.out, COMPRESSION_SECTION, text)
+    replace_section(args.out, text, COMPRESSION_SECTION)
     print(text)
 
 
