@@ -53,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "barrier.h"
 #include "coll.h"
 #include "log.h"
 #include "net.h"
@@ -224,17 +225,11 @@ static dshim_status_t probe(dshim_comm_t *comm, const dshim_coll_sig_t *sig, con
 
 /* Stores v into *word, then a full barrier: the store is seen before any
  * later load of this thread, including the kernel's on its behalf (the
- * gate's store->load order, on each side).  GCC's ThreadSanitizer rejects
- * atomic_thread_fence; in that build a seq_cst exchange gives the order
- * (as shm_ring.c's store_load_barrier does). */
+ * gate's store->load order, on each side). */
 static inline void store_then_barrier(uint64_t *word, uint64_t v)
 {
-#if defined(__SANITIZE_THREAD__)
-    (void)__atomic_exchange_n(word, v, __ATOMIC_SEQ_CST);
-#else
     __atomic_store_n(word, v, __ATOMIC_SEQ_CST);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-#endif
+    DSHIM_STORE_LOAD_BARRIER(word);
 }
 
 /* Marks this rank as writing into peer q for the call `tag` and reads

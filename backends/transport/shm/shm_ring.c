@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "barrier.h"
 #include "status.h"
 #include "transport/shm/shm_layout.h"
 
@@ -495,25 +496,10 @@ static long futex_call(uint32_t *word, int op, uint32_t val, const struct timesp
     return syscall(SYS_futex, word, op, val, ts, NULL, 0);
 }
 
-/* The store->load barrier of both sides.  GCC's ThreadSanitizer rejects
- * atomic_thread_fence; in that build the same order comes from a seq_cst
- * read-modify-write of `sleepers` (all RMWs of one word are totally ordered,
- * each reads the last value and releases to the next), which writes the
- * shared line: the cost the fence avoids, irrelevant there. */
-static inline void store_load_barrier(uint32_t *sleepers)
-{
-#if defined(__SANITIZE_THREAD__)
-    __atomic_fetch_add(sleepers, 0, __ATOMIC_SEQ_CST);
-#else
-    (void)sleepers;
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-#endif
-}
-
 void dshim_shm_doorbell_ring(dshim_shm_seg_t *seg)
 {
     shm_bell_t *bell = seg_bell(seg);
-    store_load_barrier(&bell->sleepers);
+    DSHIM_STORE_LOAD_BARRIER(&bell->sleepers);
     if (__atomic_load_n(&bell->sleepers, __ATOMIC_SEQ_CST) > 0) {
         __atomic_fetch_add(&bell->doorbell, 1, __ATOMIC_SEQ_CST);
         futex_call(&bell->doorbell, FUTEX_WAKE, INT_MAX, NULL);
@@ -524,7 +510,7 @@ uint32_t dshim_shm_doorbell_arm(dshim_shm_seg_t *seg)
 {
     shm_bell_t *bell = seg_bell(seg);
     __atomic_fetch_add(&bell->sleepers, 1, __ATOMIC_SEQ_CST);
-    store_load_barrier(&bell->sleepers);
+    DSHIM_STORE_LOAD_BARRIER(&bell->sleepers);
     return __atomic_load_n(&bell->doorbell, __ATOMIC_SEQ_CST);
 }
 
