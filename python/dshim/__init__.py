@@ -10,7 +10,6 @@ never raises during `import torch`.
 """
 import importlib.util
 import inspect
-import logging
 import sys
 
 __all__ = ["register", "BACKEND_NAME", "__version__"]
@@ -38,14 +37,20 @@ def _read_version():
 __version__ = _read_version()
 
 BACKEND_NAME = "dshim"
-log = logging.getLogger("dshim")
+from ._log import log  # noqa: E402  (never propagates to the root logger)
 
 
-def _create(store, rank, size, timeout):
+def _create(*args):
+    """torch's creator call: (options, backend_options) with the extended interface, which names
+    the group and its members as job ranks; (store, rank, size, timeout) with the legacy one."""
     # imported here: the ProcessGroup module loads nothing heavy, but keeping it
     # out of `import torch` keeps autoload minimal
     from .process_group import create_process_group
-    return create_process_group(store, rank, size, timeout)
+    if len(args) == 2:
+        o = args[0]
+        return create_process_group(o.store, o.group_rank, o.group_size, o.timeout,
+                                    getattr(o, "group_id", None), list(getattr(o, "global_ranks_in_group", [])))
+    return create_process_group(*args)
 
 
 def register():
@@ -60,9 +65,12 @@ def register():
         return True
     if plugins is None and hasattr(Backend, BACKEND_NAME.upper()):
         return True   # torch without _plugins (1.x): the name attribute marks it
-    kwargs = {"extended_api": False}
+    kwargs = {}
     try:
-        if "devices" in inspect.signature(Backend.register_backend).parameters:
+        params = inspect.signature(Backend.register_backend).parameters
+        if "extended_api" in params:
+            kwargs["extended_api"] = True   # the group's name and members: _comm._Group
+        if "devices" in params:
             kwargs["devices"] = ["cpu", "cuda"]   # a list: some versions iterate a string by character
     except (TypeError, ValueError):
         pass

@@ -23,7 +23,7 @@ import atexit
 import collections
 import ctypes
 import datetime
-import logging
+import hashlib
 import os
 import queue
 import secrets
@@ -35,14 +35,11 @@ import torch
 
 from . import _lib
 
-log = logging.getLogger("dshim")
+from ._log import log  # noqa: E402  (never propagates to the root logger)
 
 _Future = torch.futures.Future
 _byref = ctypes.byref
 _c_void_p = ctypes.c_void_p
-_BOOTSTRAP_KEY = "dshim/bootstrap"
-_READERS_KEY = "dshim/bootstrap_readers"
-_JOINED_KEY = "dshim/joined/"          # + group rank: "this rank reached the rendezvous"
 
 
 # --------------------------------------------------------------------------
@@ -105,94 +102,346 @@ def _prebind_store(token, addr):
     return port.value
 
 
-def _missing_ranks(store, size):
-    """Group ranks whose "joined" key is absent from the torch store; None when
-    the store itself cannot be asked (its host, rank 0, is gone)."""
+class _Group:
+    """What a torch group is, as every member must see it: its name (torch's group_name, the
+    prefix of its store), its members as job ranks, and how many groups with these members this
+    process created before it.  The rendezvous keys carry the members and that count, so a rank
+    can only ever meet ranks that created the same group; ranks that created groups in different
+    orders (gloo then sums the wrong ranks) are found through each rank's creation log in the
+    job's store and fail at once, all of them, naming what each rank created."""
+
+    def __init__(self, name, members, me, world, default):
+        self.name = str(name)
+        self.members = [int(m) for m in members]
+        self.me = me            # this process's job rank
+        self.world = world      # the store under the groups' prefixes (creation logs), or None
+        self.default = default  # torch's default group: it starts a new incarnation of the job's groups
+        self.digest = hashlib.sha1(",".join(map(str, self.members)).encode()).hexdigest()[:12]
+        # a store outlives destroy_process_group (torchrun's agent store, a script's own): the logs
+        # of the sub-groups are those of the current default group, named by its token
+        self.epoch = "world" if default or _world_epoch[0] is None else _world_epoch[0]
+        self.count = None       # set by log_creation
+
+    @classmethod
+    def of(cls, store, rank, size, name=None, members=None):
+        """members: torch's global_ranks_in_group ([] for the default group); None when torch
+        did not say (its legacy creator interface): then neither logs nor conflicts."""
+        default = not members
+        if members is None:
+            return cls("?" if name is None else name, range(size), rank, None, False)
+        if default:
+            members = list(range(size))
+        return cls("0" if name is None else name, members, members[rank], _world_store(store), default)
+
+    def tag(self):
+        return f"{self.digest}.{self.count or 1}"
+
+    def joined_key(self, group_rank):
+        return f"dshim/joined/{self.tag()}/{group_rank}"
+
+    def bootstrap_key(self):
+        return f"dshim/bootstrap/{self.tag()}"
+
+    def readers_key(self):
+        return f"dshim/bootstrap_readers/{self.tag()}"
+
+    def log_creation(self):
+        """Counts the groups with these members this rank created so far and, for a sub-group,
+        appends (name, members) to its creation log.  Without a job store (a store torch did not
+        prefix) the count is this process's own."""
+        w = self.world
+        if w is None:
+            _local_counts[self.digest] = _local_counts.get(self.digest, 0) + 1
+            self.count = _local_counts[self.digest]
+            return
+        base = f"dshim/groups/{self.epoch}/{self.me}"
+        self.count = w.add(f"{base}/count/{self.digest}", 1)
+        if not self.default:
+            i = w.add(f"{base}/n", 1)
+            w.set(f"{base}/{i}", f"{self.name} {','.join(map(str, self.members))}")
+
+    def describe(self):
+        return f"{self.name} {self.members}"
+
+
+_local_counts = {}
+_world_epoch = [None]   # the token of this process's current default group (_Group.epoch)
+_CONFLICT_KEY = "dshim/group_conflict"
+
+
+def _world_store(store):
+    """The store under torch's PrefixStore("<device>/", PrefixStore("<group name>/", W)): W,
+    which every group of the job shares; None when the store is not wrapped so."""
     try:
-        keys = [_JOINED_KEY + str(r) for r in range(size)]
-        if store.check(keys):
-            return []
-        return [r for r in range(size) if not store.check([keys[r]])]
+        inner = store.underlying_store.underlying_store
+        return inner if inner is not None and inner is not store else None
     except Exception:
         return None
 
 
-_BOOTSTRAP_POLL_S = 2.0   # how stale the "who never joined" list in a timeout error may be
+def _creation_log(world, epoch, job_rank):
+    """[(name, members)] of the sub-groups `job_rank` created, in order (entries still being
+    written are left out)."""
+    out = []
+    n = world.add(f"dshim/groups/{epoch}/{job_rank}/n", 0)
+    for i in range(1, n + 1):
+        key = f"dshim/groups/{epoch}/{job_rank}/{i}"
+        if world.check([key]):
+            name, members = world.get(key).decode().split(" ", 1)
+            out.append((name, [int(m) for m in members.split(",") if m]))
+    return out
 
 
-def _wait_bootstrap(store, rank, size, timeout_s):
-    """Rank 0's published store address; on timeout an error naming the ranks
-    that never reached the rendezvous (not only "timeout").
+def _conflict(group, absent):
+    """A one-line verdict when a member that has not joined created this group's name with
+    other members, or these members under another name at the same count; else None."""
+    w = group.world
+    if w is None or group.default:
+        return None
+    bad = None
+    for m in absent:
+        made = _creation_log(w, group.epoch, m)
+        same_members = [name for name, members in made if members == group.members]
+        for name, members in made:
+            if name == group.name and members != group.members:
+                bad = (m, members)
+                break
+        if bad is None and len(same_members) >= group.count and same_members[group.count - 1] != group.name:
+            bad = (m, group.members)
+        if bad is not None:
+            break
+    if bad is None:
+        return None
+    involved = sorted(set(group.members) | set(bad[1]))
+    logs = "; ".join(
+        f"rank {r} created " + (", ".join(f"group {n} {ms}" for n, ms in _creation_log(w, group.epoch, r)) or "nothing yet")
+        for r in involved)
+    return (f"process groups were created in a different order on different ranks (every rank must call "
+            f"new_group for every group, in the same order): rank {group.me} creating group {group.describe()} "
+            f"found rank {bad[0]} in another group under the same name or count: {logs}")
+
+
+_JOIN_POLL_S = (0.002, 0.1)   # first and longest pause between two looks at the store
+_CONFLICT_EVERY_S = 0.5       # how often the members' creation logs are read while some are absent
+
+
+def _wait_joined(store, group, rank, size, timeout_s):
+    """Waits until every member has reached this group's rendezvous; on timeout an error naming
+    the ranks that never did (not only "timeout"), on a creation-order conflict (found here or by
+    another rank) that conflict, at once.
 
     This timeout stays in Python: the wait is in torch's store, before any dshim
-    communicator (and so the C core's timeout) exists.
+    communicator (and so the C core's timeout) exists.  It looks with check(), never with
+    wait(): torch logs a warning for every wait() that times out.
 
-    Waits in slices and notes who is missing after each: the torch store lives
-    in rank 0's process, and when rank 0 gives up first (its TCPStore waits for
-    the same missing ranks with the same timeout) the store is gone by the time
-    this rank's own timeout expires -- the last list seen is still the answer."""
+    Notes who is missing after each look: the torch store lives in rank 0's process, and when
+    rank 0 gives up first (its TCPStore waits for the same missing ranks with the same
+    timeout) the store is gone by the time this rank's own timeout expires -- the last list
+    seen is still the answer."""
     start = time.monotonic()
     deadline = start + timeout_s
-    # a first look before waiting: the store may vanish during the first slice
-    missing = _missing_ranks(store, size)
+    keys = [group.joined_key(r) for r in range(size)]
+    conflict_key = f"{_CONFLICT_KEY}/{group.epoch}"
+    pause = _JOIN_POLL_S[0]
+    next_conflict_look = start
+    missing = None
     while True:
-        left = deadline - time.monotonic()
         try:
-            store.wait([_BOOTSTRAP_KEY], datetime.timedelta(seconds=max(0.01, min(left, _BOOTSTRAP_POLL_S))))
-            return store.get(_BOOTSTRAP_KEY).decode()
-        except Exception as e:
-            error = e
-        now_missing = _missing_ranks(store, size)
-        store_gone = now_missing is None
-        if not store_gone:
-            missing = now_missing
-        if store_gone or time.monotonic() >= deadline:
-            break
+            now_missing = [] if store.check(keys) else [r for r, k in enumerate(keys) if not store.check([k])]
+        except Exception as e:   # the store is gone: the last list is the answer
+            _rendezvous_failed(rank, size, missing, timeout_s, start, e)
+        if not now_missing:
+            return
+        missing = now_missing
+        now = time.monotonic()
+        if group.world is not None and not group.default and now >= next_conflict_look:
+            next_conflict_look = now + _CONFLICT_EVERY_S
+            verdict = None
+            try:
+                w = group.world
+                if w.check([conflict_key]):
+                    verdict = w.get(conflict_key).decode()
+                else:
+                    verdict = _conflict(group, [group.members[r] for r in missing])
+                    if verdict is not None:
+                        w.set(conflict_key, verdict)   # the ranks waiting elsewhere fail now too
+            except Exception:
+                pass
+            if verdict is not None:
+                raise RuntimeError(f"dshim: rank {rank}/{size} (job rank {group.me}): {verdict}") from None
+        if now >= deadline:
+            _rendezvous_failed(rank, size, missing, timeout_s, None, None)
+        time.sleep(min(pause, max(0.0, deadline - now)))
+        pause = min(pause * 2, _JOIN_POLL_S[1])
+
+
+def _rendezvous_failed(rank, size, missing, timeout_s, gone_since, error):
     who = ", ".join(str(r) for r in missing) if missing else "unknown"
     # torch's own message names only the last slice's wait ("wait timeout after 2000ms"): not useful
-    why = "rank 0 never published its dshim store's address"
+    why = "they never reached dshim's rendezvous"
     what = f"timed out after {timeout_s:g} s"
-    if store_gone:
-        what = f"failed after {time.monotonic() - start:.1f} s (timeout {timeout_s:g} s)"
+    if gone_since is not None:
+        what = f"failed after {time.monotonic() - gone_since:.1f} s (timeout {timeout_s:g} s)"
         why = (f"the torch store hosted by rank 0 at MASTER_ADDR:MASTER_PORT went away, so rank 0 gave up "
-               f"or exited: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
+               f"or exited: {str(error).splitlines()[0] if error and str(error) else type(error).__name__}")
     raise RuntimeError(f"dshim: rank {rank}/{size}: rendezvous {what}: "
                        f"rank(s) {who} of {size} never joined (started with the same WORLD_SIZE and "
                        f"MASTER_ADDR/MASTER_PORT? raise the timeout if they are only slow) [{why}]") from None
 
 
-def _rendezvous(store, rank, size, timeout_s=None):
-    """(addr, port, token) of this group's dshim store, agreed through the
-    torch store: group rank 0 publishes where it will host it.  MASTER_PORT is
-    never used: rank 0's torch TCPStore listens there."""
+def _rendezvous(store, rank, size, timeout_s=None, group=None):
+    """(addr, port, token, extra) of this group's dshim store, agreed through the
+    torch store: group rank 0 publishes where it will host it, once every member
+    has arrived.  MASTER_PORT is never used: rank 0's torch TCPStore listens
+    there.  `extra` is what rank 0 says of the torch store (_StoreRelease)."""
+    if group is None:
+        group = _Group.of(store, rank, size)
     if size > 1:
-        try:
-            store.set(_JOINED_KEY + str(rank), "1")
-        except Exception:
-            pass   # only used to name missing ranks in a timeout error
+        group.log_creation()
+        store.set(group.joined_key(rank), "1")
     if rank == 0:
         addr = _my_address(store) if size > 1 else "127.0.0.1"
         token = secrets.token_hex(16)
         port = _prebind_store(token, addr) if size > 1 else 0
-        if size > 1:
-            store.set(_BOOTSTRAP_KEY, f"{addr} {port} {token}")
-        return addr, port, token
-    if timeout_s is not None:
-        value = _wait_bootstrap(store, rank, size, timeout_s)
-    else:
-        value = store.get(_BOOTSTRAP_KEY).decode()
+        extra = _StoreRelease.serves(store) if size > 1 else "-"
+        value = f"{addr} {port} {token} {extra}"
+        if size == 1:
+            return addr, port, token, extra
+        store.set(group.bootstrap_key(), value)
+    _wait_joined(store, group, rank, size, timeout_s if timeout_s is not None else 1800.0)
+    if rank != 0:
+        value = store.get(group.bootstrap_key()).decode()
     try:
-        # the last reader removes the keys: a re-created group with the same
-        # name on a reused store must not find this (dead) address
-        if store.add(_READERS_KEY, 1) == size - 1:
-            store.delete_key(_BOOTSTRAP_KEY)
-            store.delete_key(_READERS_KEY)
+        # the last rank out of the wait removes the keys: nothing of a finished rendezvous stays
+        # in a long-lived store
+        if store.add(group.readers_key(), 1) == size:
+            store.delete_key(group.bootstrap_key())
+            store.delete_key(group.readers_key())
             for r in range(size):
-                store.delete_key(_JOINED_KEY + str(r))
+                store.delete_key(group.joined_key(r))
     except Exception:   # stores without delete_key (older torch) keep the key
         pass
-    addr, port, token = value.split()
-    return addr, int(port), token
+    addr, port, token, extra = value.split()
+    return addr, int(port), token, extra
+
+
+# --------------------------------------------------------------------------
+# the torch store's release at destroy_process_group
+# --------------------------------------------------------------------------
+
+def _bottom_store(store):
+    """The store under every PrefixStore: rank 0's TCPStore (server or client)."""
+    for _ in range(16):
+        nxt = getattr(store, "underlying_store", None)
+        if nxt is None or nxt is store:
+            return store
+        store = nxt
+    return store
+
+
+def _own_sockets():
+    inodes = set()
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                link = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    except OSError:
+        pass
+    return inodes
+
+
+def _tcp_sockets(port, field):
+    """(state, inode) of this process's TCP sockets whose local (field 1) or remote (field 2)
+    port is `port` (/proc/self/net/tcp and tcp6; state 0A = listening, 01 = established)."""
+    mine = _own_sockets()
+    out = []
+    for name in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(name) as f:
+                next(f, None)
+                for line in f:
+                    p = line.split()
+                    if len(p) > 9 and int(p[field].rsplit(":", 1)[1], 16) == port and p[9] in mine:
+                        out.append((p[3], p[9]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+class _StoreRelease:
+    """destroy_process_group of the default group, made safe to follow by init_process_group.
+
+    Rank 0's process hosts torch's TCPStore at MASTER_PORT, and drops it only after its
+    shutdown of the group returns.  A rank that left destroy first and starts the next
+    init_process_group connects to that old store, which then closes under it (torch:
+    "Broken pipe", "recvValue failed").  So the other ranks leave destroy only once the old
+    store has closed (their own connection to it sees the close), or once rank 0 says the
+    script keeps it (the store outlives the group: nothing to race with), bounded by the
+    group's timeout (at most _WAIT_MAX_S)."""
+
+    _WAIT_MAX_S = 60.0
+    _KEPT_AFTER_S = 0.5   # rank 0: still listening this long after its destroy = the script keeps it
+
+    @staticmethod
+    def serves(store):
+        """Rank 0's word in the bootstrap value: "S" when this process hosts the store."""
+        bottom = _bottom_store(store)
+        port = getattr(bottom, "port", None)
+        if not isinstance(port, int) or port <= 0:
+            return "-"
+        return "S" if any(st == "0A" for st, _ in _tcp_sockets(port, 1)) else "-"
+
+    @classmethod
+    def host_released(cls, store, token):
+        """Rank 0, after its destroy: a thread that tells the others when the store stays up."""
+        bottom = _bottom_store(store)
+        host, port = getattr(bottom, "host", None), getattr(bottom, "port", None)
+        listening = {ino for st, ino in _tcp_sockets(port, 1) if st == "0A"} if isinstance(port, int) else set()
+        if not listening or not isinstance(host, str):
+            return
+        del store, bottom   # the thread must not keep the store alive
+
+        def watch():
+            deadline = time.monotonic() + cls._KEPT_AFTER_S
+            while time.monotonic() < deadline:
+                if not listening & {ino for st, ino in _tcp_sockets(port, 1) if st == "0A"}:
+                    return   # closed: the others see it close
+                time.sleep(0.005)
+            try:
+                client = torch.distributed.TCPStore(host, port, is_master=False, wait_for_workers=False,
+                                                    timeout=datetime.timedelta(seconds=5))
+                client.set(f"dshim/torch_store_kept/{token}", "1")
+            except Exception as e:
+                log.debug("dshim: telling the other ranks that the torch store stays up: %s", e)
+
+        threading.Thread(target=watch, name="dshim-store-release", daemon=True).start()
+
+    @classmethod
+    def wait_released(cls, store, token, rank, timeout_s):
+        """The other ranks, after their destroy: until rank 0's store closed or is kept."""
+        bottom = _bottom_store(store)
+        port = getattr(bottom, "port", None)
+        if not isinstance(port, int):
+            return
+        key = f"dshim/torch_store_kept/{token}"
+        limit = min(timeout_s, cls._WAIT_MAX_S)
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if not any(st == "01" for st, _ in _tcp_sockets(port, 2)):
+                return   # every connection of ours to it was closed by the far side (or by us)
+            try:
+                if bottom.check([key]):
+                    return
+            except Exception:
+                return
+            time.sleep(0.005)
+        log.warning("dshim: rank %d: rank 0 neither closed nor kept the torch store within %g s of this rank's "
+                    "destroy_process_group; going on (a next init_process_group may meet the old store)",
+                    rank, limit)
 
 
 # --------------------------------------------------------------------------
@@ -231,7 +480,7 @@ def _recorder_on(lib):
 
 
 class _Comm:
-    def __init__(self, store, rank, size, timeout_s, desc):
+    def __init__(self, store, rank, size, timeout_s, desc, group=None):
         global _atexit_registered
         self.lib = _lib.lib()
         self.rank = rank
@@ -240,8 +489,12 @@ class _Comm:
         self.timeout_s = timeout_s
         self.pid = os.getpid()
         self.store = store
-        addr, port, token = _rendezvous(store, rank, size, timeout_s)
+        group = group or _Group.of(store, rank, size)
+        addr, port, token, self._store_word = _rendezvous(store, rank, size, timeout_s, group)
         self.token = token   # names this communicator's keys in the torch store (monitored_barrier)
+        self._default = group.default
+        if group.default:
+            _world_epoch[0] = token
         args = _lib.CommArgs(rank=rank, size=size, store_addr=addr.encode(), store_port=port,
                              token=token.encode(), store_external=0)
         handle = ctypes.c_void_p()
@@ -500,6 +753,13 @@ class _Comm:
             # destroy blocks while the store host waits for the other ranks' goodbye
             if self.lib.dshim_comm_destroy(handle) < 0:
                 log.debug("dshim: rank %d (%s): destroy: %s", self.rank, self.desc, _lib.last_error())
+            store, self.store = self.store, None
+            if self._default and self._store_word == "S" and not at_exit:
+                if self.rank == 0:
+                    _StoreRelease.host_released(store, self.token)
+                else:
+                    _StoreRelease.wait_released(store, self.token, self.rank, self.timeout_s)
+            del store
         with _live_lock:
             if self in _live:
                 _live.remove(self)

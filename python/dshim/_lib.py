@@ -171,6 +171,8 @@ def _open():
         fn.restype = res
         fn.argtypes = args
     lib.path = path
+    from ._log import apply_level
+    apply_level(lib)   # the Python logger follows DSHIM_DEBUG as the C side does
     return lib
 
 

@@ -23,7 +23,6 @@ need a dtype dshim knows (_dtypes.py).
 """
 import ctypes
 import datetime
-import logging
 import sys
 import threading
 import time
@@ -36,11 +35,11 @@ from . import _dtypes as D
 from . import _lib
 from . import _monitored
 from . import _sparse
-from ._comm import _Comm
+from ._comm import _Comm, _Group
 from ._staging import _Staging, _host_clone, _nbytes, _plain
 from ._work import DshimWork, profiled
 
-log = logging.getLogger("dshim")
+from ._log import log  # noqa: E402  (never propagates to the root logger)
 
 # dshim's engine tells a send from a receive by its buffer being non-NULL; an
 # empty tensor's data_ptr() is 0, so a zero-byte send passes this instead
@@ -228,7 +227,7 @@ def _time_optimizer_steps(lib):
 class DshimProcessGroup(dist.ProcessGroup):
     """torch.distributed.ProcessGroup over one dshim communicator."""
 
-    def __init__(self, store, rank, size, timeout):
+    def __init__(self, store, rank, size, timeout, group_name=None, members=None):
         # the 2-argument constructor: the (store, rank, size) one is a pybind
         # factory that cannot build a Python subclass
         super().__init__(rank, size)
@@ -243,7 +242,10 @@ class DshimProcessGroup(dist.ProcessGroup):
         self._observed_backend = "dshim"   # the asked name under the takeover (set_observed_backend)
         self._monitored_barriers = 0   # calls so far: names each call's keys in the store
         # "group of N" until torch names the group (setGroupName)
-        self._comm = _Comm(store, rank, size, timeout_s if timeout_s > 0 else 1800.0, f"group of {size}")
+        # members: the group's job ranks as torch gives them ([] for the default group, None when
+        # torch's legacy creator interface does not): they tie the rendezvous to this very group
+        self._comm = _Comm(store, rank, size, timeout_s if timeout_s > 0 else 1800.0, f"group of {size}",
+                           _Group.of(store, rank, size, group_name, members))
         self._dshim_lib = self._comm.lib
         _time_optimizer_steps(self._dshim_lib)
         log.info("dshim: rank %d/%d joined over %s", rank, size, self._comm.transport)
@@ -830,6 +832,8 @@ class DshimProcessGroup(dist.ProcessGroup):
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """gloo's monitored barrier: rank 0 names the ranks that did not arrive
         within `timeout` (the group's timeout when None); _monitored.py."""
+        if self._comm._closed:
+            self._comm._refuse_closed("monitored_barrier")
         call = self._monitored_barriers
         self._monitored_barriers += 1
         _monitored.monitored_barrier(self._comm.store, self._comm.token, call, self._rank, self._size, timeout,
@@ -857,9 +861,9 @@ class DshimProcessGroup(dist.ProcessGroup):
                 pass
 
 
-def create_process_group(store, rank, size, timeout):
-    """The creator registered with Backend.register_backend."""
-    pg = DshimProcessGroup(store, rank, size, timeout)
+def create_process_group(store, rank, size, timeout, group_name=None, members=None):
+    """The creator registered with Backend.register_backend (through dshim._create)."""
+    pg = DshimProcessGroup(store, rank, size, timeout, group_name, members)
     # dist.monitored_barrier on a group created as "dshim" by name (torch's own
     # guard lets only "gloo" through; the takeover's groups already answer "gloo")
     _monitored.let_torch_call_dshim()

@@ -22,11 +22,10 @@ The setting is read through dshim's own configuration table
 """
 import ctypes
 import functools
-import logging
 
 from . import _lib
 
-log = logging.getLogger("dshim")
+from ._log import log  # noqa: E402  (never propagates to the root logger)
 
 # what a user may name that dshim carries: torch's defaults and its CPU/GPU pair
 _CARRIED = {None, "gloo", "nccl", "cpu:gloo,cuda:nccl", "cuda:nccl,cpu:gloo", "undefined"}

@@ -362,14 +362,16 @@ def test_rendezvous_store_gone():
     """Rank 0 (the torch store's host) exits while rank 1 waits in dshim's rendezvous: rank 1 fails at once,
     names rank 0's store as gone and still the ranks missing from its last look (not "unknown")."""
     port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
     host = subprocess.Popen([str(PYTHON), "-c", textwrap.dedent(f"""
         import datetime, time, torch.distributed as dist
+        from dshim import _comm
         s = dist.TCPStore("127.0.0.1", {port}, 3, True, datetime.timedelta(seconds=30), wait_for_workers=False)
         print("up", flush=True)
         # exit (the store with it) once rank 1 is inside the rendezvous, however slowly it started
-        s.wait(["dshim/joined/1"], datetime.timedelta(seconds=30))
+        s.wait([_comm._Group.of(s, 1, 3).joined_key(1)], datetime.timedelta(seconds=30))
         time.sleep(1)
-        """)], stdout=subprocess.PIPE, text=True)
+        """)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert host.stdout.readline().strip() == "up"
         code = textwrap.dedent(f"""
@@ -382,7 +384,6 @@ def test_rendezvous_store_gone():
             except RuntimeError as e:
                 print(f"after {{time.monotonic() - t0:.1f}} s: {{e}}")
             """)
-        env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
         out = subprocess.run([str(PYTHON), "-c", code], env=env, capture_output=True, text=True, timeout=40)
     finally:
         host.kill()

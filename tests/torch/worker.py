@@ -532,6 +532,70 @@ def sc_subgroup():
     dist.barrier()
 
 
+def _expect_group_order_error(create):
+    """create() makes sub-groups in an order other ranks do not share: every rank involved must
+    raise at once, naming what each rank created, and never sum with a wrong set of ranks."""
+    t0 = time.monotonic()
+    COUNT[0] += 1
+    try:
+        groups = create()
+        for g in groups:   # had a wrong group formed, its sum would tell
+            if g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
+                t = torch.ones(1) * (RANK + 1)
+                dist.all_reduce(t, group=g)
+                print(f"rank {RANK}: all_reduce over a group gave {t.item()}", flush=True)
+        fail("groups created in different orders", "no error")
+    except RuntimeError as e:
+        msg = str(e)
+        if "created in a different order" not in msg or " created group " not in msg:
+            fail("groups created in different orders", f"unclear message: {msg}")
+        print(f"rank {RANK}: group order error after {time.monotonic() - t0:.1f} s: {msg}", flush=True)
+
+
+def sc_group_order():
+    """Ranks 0 and 1 create [0, 1] then [0, 1, 2]; rank 2 only [0, 1, 2] (torch names both
+    groups "1" on different ranks).  gloo sums 13 where 3 and 23 are due."""
+    init()
+    assert N == 3
+    if RANK < 2:
+        _expect_group_order_error(lambda: [dist.new_group([0, 1]), dist.new_group([0, 1, 2])])
+    else:
+        _expect_group_order_error(lambda: [dist.new_group([0, 1, 2])])
+
+
+def sc_group_order_overlap():
+    """Overlapping groups created in different orders: ranks 0 and 2 make [0, 1] then [1, 2],
+    rank 1 makes [1, 2] then [0, 1]."""
+    init()
+    assert N == 3
+    order = ([1, 2], [0, 1]) if RANK == 1 else ([0, 1], [1, 2])
+    _expect_group_order_error(lambda: [dist.new_group(order[0]), dist.new_group(order[1])])
+
+
+def sc_root_logger():
+    """An application's root logger at INFO (logging.basicConfig) must not show dshim's lines:
+    gloo prints nothing there; DSHIM_DEBUG governs dshim's own."""
+    import logging
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="ROOT %(levelname)s:%(name)s:%(message)s")
+    init()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    same("all_reduce", t, torch.full((1,), float(N)))
+
+
+def sc_reinit():
+    """init_process_group / destroy_process_group four times in one process (torch's own tests
+    and notebooks do): each round's all_reduce right, no round meets the last round's store."""
+    for i in range(4):
+        init()
+        t = torch.ones(3) * (RANK + 1)
+        dist.all_reduce(t)
+        same(f"round {i} all_reduce", t, torch.full((3,), float(N * (N + 1) // 2)))
+        if i == 3:
+            break   # main() destroys the last one
+        dist.destroy_process_group()
+
+
 def sc_errors():
     init()
     t = torch.ones(4)
