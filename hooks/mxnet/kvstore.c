@@ -166,21 +166,22 @@ static void worker_teardown(dshim_mxkv_t *kv)
     }
     kv->finished = 1;
     int failed = dshim_ps_failure(kv->node) != NULL;
+    char own[600] = ""; /* this teardown's own error: a final barrier that timed out is a failed job */
     if (dshim_mxkv_async_drain(kv) != 0) {
         failed = 1;
     }
     if (!failed && dshim_ps_worker_wait_all(kv->node) != DSHIM_OK) {
         failed = 1;
+        snprintf(own, sizeof(own), "%s", dshim_last_error());
     }
     /* from here on a server closing its side (after rank 0's kStopServer) is expected */
     dshim_ps_worker_quiesce(kv->node);
     if (!failed && kv->barrier_before_exit) {
         /* MXNet's ~KVStoreDist: barrier, rank 0 stops the servers, finalize */
-        if (dshim_ps_barrier(kv->node, DSHIM_PS_GROUP_WORKERS) != DSHIM_OK) {
+        if (dshim_ps_barrier(kv->node, DSHIM_PS_GROUP_WORKERS) != DSHIM_OK ||
+            (kv->rank == 0 && dshim_ps_worker_command(kv->node, DSHIM_PS_CMD_STOP_SERVER, "") != DSHIM_OK)) {
             failed = 1;
-        } else if (kv->rank == 0 &&
-                   dshim_ps_worker_command(kv->node, DSHIM_PS_CMD_STOP_SERVER, "") != DSHIM_OK) {
-            failed = 1;
+            snprintf(own, sizeof(own), "%s", dshim_last_error());
         }
     }
     if (!failed) {
@@ -188,12 +189,15 @@ static void worker_teardown(dshim_mxkv_t *kv)
     }
     const char *why = dshim_ps_failure(kv->node);
     char msg[600];
-    snprintf(msg, sizeof(msg), "%s", why ? why : kv->async_error[0] ? kv->async_error : "");
+    snprintf(msg, sizeof(msg), "%s", why ? why : kv->async_error[0] ? kv->async_error : own);
+    if (msg[0] != '\0') {
+        dshim_ps_node_tell_failure(kv->node, msg); /* unless the scheduler told it */
+    }
     dshim_ps_node_finish(kv->node, failed || !kv->barrier_before_exit);
     kv->node = NULL;
     if (msg[0] != '\0') {
-        /* the job failed: this process must not end as if it had succeeded (a pushpull
-         * inside MXNet's engine cannot raise; its outputs kept their old values) */
+        /* the job failed: this process must not end as if it had succeeded (a failed
+         * pushpull whose outputs were never read, a final barrier that timed out) */
         fprintf(stderr, "[dshim-ps worker %d] ending with an error: %s\n", kv->rank, msg);
         fflush(stderr);
         _exit(1);

@@ -4,6 +4,11 @@
  * waiting until dshim's receiver thread has the servers' answer.  The round
  * trips of successive keys overlap each other and the Python thread.
  *
+ * A failed operation completes with an error for MXNet's engine, which marks
+ * every output with it: the first read of an output (wait_to_read, asnumpy,
+ * an operator using it) raises MXNetError with dshim's message, as for a
+ * failing MXNet operator; the output is never handed out unwritten.
+ *
  * Only for CPU arrays (the operation reads and writes their memory directly)
  * and without gradient compression (MXNet refuses compression with pushpull);
  * anything else takes the synchronous path. */
@@ -37,7 +42,19 @@ typedef struct async_op {
     engine_cb_t cb;
     char *buf;           /* the sum sent and the answer, unless direct */
     int direct;          /* one array in, one out: sent from and answered into their own memory */
+    char error[512];     /* why it failed (the first reason; under kv->async_mu) */
 } async_op_t;
+
+/* MXNet's CallbackOnComplete passes a const dmlc::Error*, and the threaded
+ * engine's OnCompleteStatic copies it (std::make_exception_ptr(*error)) into
+ * the operation's exception.  dmlc::Error is std::runtime_error with nothing
+ * added, and the copy is MXNet's own dmlc::Error built by its copy
+ * constructor, so a std::runtime_error constructed by the libstdc++ libmxnet
+ * uses is one.  Room for it: libstdc++'s is a vtable pointer and a string. */
+typedef union cxx_error {
+    void *align;
+    char bytes[64];
+} cxx_error_t;
 
 static int is_cpu(NDArrayHandle h)
 {
@@ -62,9 +79,14 @@ static void op_free(async_op_t *op)
     free(op);
 }
 
-static void set_error(dshim_mxkv_t *kv, const char *msg)
+/* op failed (op may be NULL): the first reason is the operation's, and the
+ * kvstore's (the next call raises it too) */
+static void set_error(dshim_mxkv_t *kv, async_op_t *op, const char *msg)
 {
     pthread_mutex_lock(&kv->async_mu);
+    if (op != NULL && op->error[0] == '\0') {
+        snprintf(op->error, sizeof(op->error), "%s", msg);
+    }
     if (kv->async_error[0] == '\0') {
         snprintf(kv->async_error, sizeof(kv->async_error), "%s", msg);
     }
@@ -76,16 +98,35 @@ static void finish(async_op_t *op)
 {
     dshim_mxkv_t *kv = op->kv;
     size_t bytes = op->n * dshim_ps_dtype_size(op->dtype);
-    if (!op->failed && !op->direct) {
-        for (int i = 0; i < op->nouts; i++) {
-            void *p = NULL;
-            if (MX()->MXNDArrayGetData(op->outs[i], &p) == 0 && p != NULL) {
-                memcpy(p, op->buf, bytes);
-            }
+    int failed = __atomic_load_n(&op->failed, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < op->nouts && !failed && !op->direct; i++) {
+        void *p = NULL;
+        if (MX()->MXNDArrayGetData(op->outs[i], &p) != 0 || p == NULL) {
+            set_error(kv, op, "dist kvstore: cannot write a pushpull's output inside MXNet's engine");
+            failed = 1;
+            break;
         }
+        memcpy(p, op->buf, bytes);
     }
     engine_cb_t cb = op->cb;
-    cb.fn(cb.engine, cb.param, NULL);
+    if (failed) {
+        pthread_mutex_lock(&kv->async_mu);
+        if (op->error[0] == '\0') {
+            /* a part ended without a reason (its request was dropped) */
+            snprintf(op->error, sizeof(op->error), "dist kvstore: the pushpull of key %d failed without an "
+                     "answer from its servers", op->key);
+        }
+        if (kv->async_error[0] == '\0') {
+            snprintf(kv->async_error, sizeof(kv->async_error), "%s", op->error);
+        }
+        pthread_mutex_unlock(&kv->async_mu);
+        cxx_error_t e;
+        MX()->runtime_error_ctor(&e, op->error);
+        cb.fn(cb.engine, cb.param, &e);
+        MX()->runtime_error_dtor(&e);
+    } else {
+        cb.fn(cb.engine, cb.param, NULL);
+    }
     op_free(op);
     pthread_mutex_lock(&kv->async_mu);
     kv->async_inflight--;
@@ -97,9 +138,13 @@ static void part_done(void *arg, int ok)
 {
     async_op_t *op = arg;
     if (!ok) {
-        __atomic_store_n(&op->failed, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&op->failed, 1, __ATOMIC_RELEASE);
+        /* the job's failure names the peer; without one the part failed on
+         * the sending thread, which sets the reason from its own error */
         const char *f = op->kv->node ? dshim_ps_failure(op->kv->node) : NULL;
-        set_error(op->kv, f ? f : "dist kvstore: a pushpull failed (a server went away)");
+        if (f != NULL) {
+            set_error(op->kv, op, f);
+        }
     }
     if (__atomic_sub_fetch(&op->parts_left, 1, __ATOMIC_ACQ_REL) == 0) {
         finish(op);
@@ -146,7 +191,7 @@ static void engine_fn(void *rctx, void *on_complete, void *param)
     int np = dshim_ps_layout(op->key, op->n, ns, kv->env.bigarray_bound, 0, parts);
     if (!ok) {
         op->failed = 1;
-        set_error(kv, "dist kvstore: cannot read a pushed array inside MXNet's engine");
+        set_error(kv, op, "dist kvstore: cannot read a pushed array inside MXNet's engine");
         np = 0;
     }
     op->parts_left = np + 1; /* +1: this function's own reference */
@@ -163,13 +208,13 @@ static void engine_fn(void *rctx, void *on_complete, void *param)
             /* part_done runs once in every case, also on an error */
             if (dshim_ps_worker_pushpull_pieces(kv->node, parts[i].server, op->key, op->dtype, send + at,
                                                 parts[i].count * es, recv + at, piece, part_done, op) != DSHIM_OK) {
-                set_error(kv, dshim_last_error());
+                set_error(kv, op, dshim_last_error());
             }
             continue;
         }
         if (dshim_ps_worker_push_cb(kv->node, parts[i].server, op->key, op->dtype, send + at, parts[i].count * es, 1,
                                     recv + at, parts[i].count * es, part_done, op) != DSHIM_OK) {
-            set_error(kv, dshim_last_error()); /* part_done ran (with ok = 0) */
+            set_error(kv, op, dshim_last_error()); /* part_done ran (with ok = 0) */
         }
     }
     part_done(op, 1);
@@ -292,7 +337,8 @@ fail:
 int dshim_mxkv_pushpull_async(dshim_mxkv_t *kv, uint32_t vnum, const int *vkeys, uint32_t onum, const int *okeys,
                               NDArrayHandle *vals, NDArrayHandle *outs, int priority)
 {
-    if (!dshim_config()->mxnet_async || MX()->engine_push_async_nd == NULL || kv->compression) {
+    if (!dshim_config()->mxnet_async || MX()->engine_push_async_nd == NULL || MX()->runtime_error_ctor == NULL ||
+        MX()->runtime_error_dtor == NULL || kv->compression) {
         return 1;
     }
     for (uint32_t i = 0; i < vnum; i++) {

@@ -49,6 +49,10 @@ int dshim_mx_api_bind(void *handle)
     a.engine_push_async_nd = (int (*)(void (*)(void *, void *, void *), void *, void (*)(void *), void *,
                                       NDArrayHandle *, int, NDArrayHandle *, int, const void *, int, const char *,
                                       bool))dshim_real_dlsym(handle, "MXEnginePushAsyncND");
+    /* the Itanium C++ ABI's complete-object constructor and destructor; a
+     * handle's look-up also searches its dependencies (libstdc++) */
+    a.runtime_error_ctor = (void (*)(void *, const char *))dshim_real_dlsym(handle, "_ZNSt13runtime_errorC1EPKc");
+    a.runtime_error_dtor = (void (*)(void *))dshim_real_dlsym(handle, "_ZNSt13runtime_errorD1Ev");
     if (ok == 0) {
         api = a;
         bound_handle = handle;

@@ -105,6 +105,11 @@ typedef struct dshim_mx_api {
                                 void (*deleter)(void *), void *ctx, NDArrayHandle *const_nds, int num_const,
                                 NDArrayHandle *mutable_nds, int num_mutable, const void *prop, int priority,
                                 const char *name, bool wait);
+    /* std::runtime_error's constructor from a C string and its destructor, from
+     * the libstdc++ libmxnet uses (NULL if absent): an engine operation's error
+     * (kvstore_async.c) */
+    void (*runtime_error_ctor)(void *self, const char *what);
+    void (*runtime_error_dtor)(void *self);
 } dshim_mx_api_t;
 
 /* The API of the libmxnet handle first seen by dlsym (NULL before). */

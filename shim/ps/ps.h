@@ -95,6 +95,10 @@ const char *dshim_ps_failure(dshim_ps_node_t *node);
 /* After a broken data connection: waits up to `seconds` for the scheduler's
  * death notice (it names the process, pid and host); NULL if none came. */
 const char *dshim_ps_wait_failure(dshim_ps_node_t *node, double seconds);
+/* This node ends with an error of its own (not one the scheduler announced):
+ * the scheduler tells every other process why, instead of announcing a death
+ * when its connection then closes without a goodbye. */
+void dshim_ps_node_tell_failure(dshim_ps_node_t *node, const char *why);
 /* Barrier over everyone (unless skip_barrier), BYE, close, free. */
 dshim_status_t dshim_ps_node_finish(dshim_ps_node_t *node, int skip_barrier);
 

@@ -154,8 +154,8 @@ void dshim_ps_hdr_init(dshim_ps_hdr_t *h, int type, int key, uint64_t len)
 const char *dshim_ps_msg_name(int type)
 {
     static const char *names[] = {"?", "HELLO", "ASSIGN", "BARRIER", "BARRIER_DONE", "DEAD", "BYE",
-                                  "WHELLO", "PUSH", "PULL", "CMD", "REPLY", "ERROR", "STOP"};
-    return (type > 0 && type <= DSHIM_PS_MSG_STOP) ? names[type] : "?";
+                                  "WHELLO", "PUSH", "PULL", "CMD", "REPLY", "ERROR", "STOP", "FAIL"};
+    return (type > 0 && type <= DSHIM_PS_MSG_FAIL) ? names[type] : "?";
 }
 
 static dshim_status_t wait_fd(int fd, short events, double deadline)

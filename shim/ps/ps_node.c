@@ -117,6 +117,9 @@ static void *monitor_main(void *arg)
                      "was stopped; this %s ends", node->env.root_uri, node->env.root_port,
                      st == DSHIM_ERR_PROTOCOL ? "garbage on the connection" : "connection closed",
                      dshim_ps_role_name(node->env.role));
+            pthread_mutex_lock(&node->mu);
+            node->failure_told = 1;
+            pthread_mutex_unlock(&node->mu);
             dshim_ps_node_fail(node, msg);
             break;
         }
@@ -142,6 +145,7 @@ static void *monitor_main(void *arg)
             text[k] = '\0';
             pthread_mutex_lock(&node->mu);
             node->dead_groups[group_index(h.key)]++;
+            node->failure_told = 1;
             pthread_mutex_unlock(&node->mu);
             char msg[512];
             snprintf(msg, sizeof(msg), "dshim ps: %s", text);
@@ -306,9 +310,16 @@ dshim_status_t dshim_ps_barrier(dshim_ps_node_t *node, int group)
             st = DSHIM_ERR_TIMEOUT;
         }
     }
+    int done = node->barriers_done >= target;
+    pthread_mutex_unlock(&node->mu);
+    if (!done && st == DSHIM_ERR_TIMEOUT) {
+        /* the scheduler times the barrier out too, and names who is missing */
+        dshim_ps_wait_failure(node, 3.0);
+    }
+    pthread_mutex_lock(&node->mu);
     char failure[512];
     snprintf(failure, sizeof(failure), "%s", node->failure);
-    int done = node->barriers_done >= target;
+    done = node->barriers_done >= target;
     pthread_mutex_unlock(&node->mu);
     dshim_ps_trace_barrier_end(node, trace_id, done);
     if (done) {
@@ -334,6 +345,23 @@ int dshim_ps_num_dead(dshim_ps_node_t *node, int group)
     }
     pthread_mutex_unlock(&node->mu);
     return n;
+}
+
+void dshim_ps_node_tell_failure(dshim_ps_node_t *node, const char *why)
+{
+    pthread_mutex_lock(&node->mu);
+    int told = node->failure_told || node->closing;
+    node->failure_told = 1;
+    pthread_mutex_unlock(&node->mu);
+    if (told || why == NULL || why[0] == '\0') {
+        return;
+    }
+    size_t len = strnlen(why, 440);
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_FAIL, 0, len);
+    pthread_mutex_lock(&node->send_mu);
+    dshim_ps_send(node->sched_fd, &h, why, dshim_now() + 2);
+    pthread_mutex_unlock(&node->send_mu);
 }
 
 dshim_status_t dshim_ps_node_finish(dshim_ps_node_t *node, int skip_barrier)

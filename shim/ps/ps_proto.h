@@ -25,6 +25,7 @@ enum {
     DSHIM_PS_MSG_REPLY,         /* server -> worker: seq; payload = value for pulls */
     DSHIM_PS_MSG_ERROR,         /* server -> worker: seq; payload = text */
     DSHIM_PS_MSG_STOP,          /* scheduler -> server: every worker left without kStopServer */
+    DSHIM_PS_MSG_FAIL,          /* node -> scheduler: it ends with this error (payload = text) */
 };
 
 #define DSHIM_PS_F_PULL 1u       /* push: answer with the stored value */
@@ -113,6 +114,7 @@ struct dshim_ps_node {
     unsigned long barriers_done;
     int dead_groups[8];        /* dead nodes per group bit index */
     char failure[512];         /* first death / scheduler loss */
+    int failure_told;          /* the scheduler knows it (its notice, or lost) */
     int wake_pipe[2];          /* written when failure is set */
     dshim_ps_hello_t *servers; /* num_servers entries */
     /* server role */

@@ -100,6 +100,11 @@ static dshim_status_t registration(const dshim_ps_env_t *env, int lfd, sched_nod
         }
         int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) {
+            if (dshim_net_out_of_fds(errno, "the parameter-server scheduler cannot accept a connection")) {
+                /* the node knocking never registers and the listener stays
+                 * readable: fail now, naming EMFILE, not at the deadline */
+                return dshim_error(DSHIM_ERR_SYSTEM, "%s", dshim_last_error());
+            }
             continue;
         }
         int one = 1;
@@ -191,6 +196,7 @@ typedef struct sched_barrier {
     uint64_t trace_id;
     int trace_waiting;
     double t_last; /* the last arrival */
+    double t_open; /* the first arrival */
 } sched_barrier_t;
 
 typedef struct sched_watch {
@@ -215,6 +221,7 @@ static void watch_arrive(sched_watch_t *w, int group)
     if (!b->open) {
         b->open = 1;
         b->number++;
+        b->t_open = dshim_now();
         if (w->ring != NULL) {
             char label[DSHIM_TRACE_LABEL_LEN];
             snprintf(label, sizeof(label), "MXNet barrier (%s)", group_words(group));
@@ -303,6 +310,65 @@ static void watch_check(sched_watch_t *w, const dshim_ps_env_t *env, const sched
     }
 }
 
+/* A barrier open for DSHIM_TIMEOUT: the nodes in it give up now, each with
+ * "barrier timed out", and the one that leaves first would be announced as
+ * dead.  The scheduler knows who is missing: it says so to everyone (a
+ * stopped or stuck process, or one that ran fewer steps), which fails the
+ * job with the right name.  Returns 1 with the text and the group of the
+ * first missing node's role. */
+static int barrier_expired(const sched_watch_t *w, const dshim_ps_env_t *env, const sched_node_t *nodes, int total,
+                           char *text, size_t len, int *group_p)
+{
+    const double now = dshim_now();
+    for (int g = 1; g < 8; g++) {
+        const sched_barrier_t *b = &w->barriers[g];
+        if (!b->open || env->timeout_s <= 0 || now - b->t_open < env->timeout_s) {
+            continue;
+        }
+        char who[400] = "", arrived[160];
+        size_t at = 0;
+        int nm = 0;
+        const sched_node_t *first = NULL;
+        for (int pass = 0; pass < 2; pass++) { /* workers first */
+            int role = pass == 0 ? DSHIM_PS_WORKER : DSHIM_PS_SERVER;
+            int bit = pass == 0 ? DSHIM_PS_GROUP_WORKERS : DSHIM_PS_GROUP_SERVERS;
+            for (int i = 0; i < total && (g & bit); i++) {
+                const sched_node_t *x = &nodes[i];
+                if ((int)x->hello.role != role || x->barrier_group == g || x->bye) {
+                    continue;
+                }
+                first = first != NULL ? first : x;
+                if (nm < 4 && at + 8 < sizeof(who)) {
+                    char one[160];
+                    describe(x, one, sizeof(one));
+                    at += (size_t)snprintf(who + at, sizeof(who) - at, "%s%s", nm ? ", " : "", one);
+                } else if (nm == 4 && at + 8 < sizeof(who)) {
+                    at += (size_t)snprintf(who + at, sizeof(who) - at, ", ...");
+                }
+                nm++;
+            }
+        }
+        if (first == NULL) {
+            continue;
+        }
+        int na = 0;
+        size_t aat = 0;
+        arrived[0] = '\0';
+        for (int i = 0; i < total; i++) {
+            if (nodes[i].barrier_group == g && aat + 24 < sizeof(arrived)) {
+                aat += (size_t)snprintf(arrived + aat, sizeof(arrived) - aat, "%s%s %d", na++ ? ", " : "",
+                                        dshim_ps_role_name((dshim_ps_role_t)nodes[i].hello.role), nodes[i].rank);
+            }
+        }
+        snprintf(text, len, "%s did not reach barrier #%lu over %s within %g s (DSHIM_TIMEOUT; arrived: %s): %s "
+                 "stopped or stuck, or ran fewer steps than the others; the job cannot go on", who, b->number,
+                 group_words(g), env->timeout_s, na ? arrived : "none", nm == 1 ? "it is" : "they are");
+        *group_p = group_of(first);
+        return 1;
+    }
+    return 0;
+}
+
 static int group_size(const dshim_ps_env_t *env, int group)
 {
     return ((group & DSHIM_PS_GROUP_SERVERS) ? env->num_servers : 0) +
@@ -383,14 +449,14 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
     dshim_trace_ring_info_t info = {.name = "ps/scheduler", .desc = desc, .rank = 0, .size = 1};
     watch.ring = dshim_trace_open(&info);
     dshim_status_t st = registration(env, lfd, nodes, total);
-    int byes = 0;
+    int byes = 0, lfd_open = 1;
     while (st == DSHIM_OK && byes < total) {
         for (int i = 0; i < total; i++) {
             pfds[i].fd = nodes[i].bye ? -1 : nodes[i].fd;
             pfds[i].events = POLLIN;
             pfds[i].revents = 0;
         }
-        pfds[total].fd = lfd; /* latecomers are refused at once */
+        pfds[total].fd = lfd_open ? lfd : -1; /* latecomers are refused at once */
         pfds[total].events = POLLIN;
         pfds[total].revents = 0;
         if (poll(pfds, (nfds_t)total + 1, 1000) < 0 && errno != EINTR) {
@@ -399,6 +465,13 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
         }
         if (pfds[total].revents & POLLIN) {
             int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+            if (fd < 0 && dshim_net_out_of_fds(errno, "the parameter-server scheduler cannot accept a connection")) {
+                /* a latecomer is refused anyway (its connect fails when the
+                 * scheduler exits); stop polling a listener that would stay
+                 * readable and spin this loop */
+                fprintf(stderr, "[dshim-ps scheduler] %s; no longer refusing latecomers\n", dshim_last_error());
+                lfd_open = 0;
+            }
             if (fd >= 0) {
                 fprintf(stderr, "[dshim-ps scheduler] refused a connection after all nodes registered (a restarted "
                         "node cannot rejoin a running job)\n");
@@ -425,7 +498,31 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
             }
             DSHIM_PS_TRACE(env, -1, "%s from %s %d", dshim_ps_msg_name(h.type),
                            dshim_ps_role_name((dshim_ps_role_t)n->hello.role), n->rank);
-            if (h.type == DSHIM_PS_MSG_BARRIER) {
+            if (h.type == DSHIM_PS_MSG_FAIL) {
+                /* its own error ends the job: everyone hears the cause, not a death */
+                char why[448] = "";
+                size_t k = h.len < 440 ? h.len : 440;
+                if (dshim_ps_recv_body(n->fd, why, k, dshim_now() + 10) != DSHIM_OK) {
+                    why[0] = '\0';
+                }
+                why[k] = '\0';
+                char who[160], text[448];
+                describe(n, who, sizeof(who));
+                snprintf(text, sizeof(text), "%s ended with an error: %s; the job cannot go on", who, why);
+                fprintf(stderr, "[dshim-ps scheduler] %s\n", text);
+                dshim_ps_hdr_t d;
+                dshim_ps_hdr_init(&d, DSHIM_PS_MSG_DEAD, group_of(n), strlen(text));
+                for (int j = 0; j < total; j++) {
+                    if (&nodes[j] != n && nodes[j].fd >= 0 && !nodes[j].bye) {
+                        dshim_ps_send(nodes[j].fd, &d, text, dshim_now() + 2);
+                    }
+                }
+                st = dshim_error(DSHIM_ERR_PEER, "dshim ps scheduler: %s", text);
+                if (watch.ring != NULL) {
+                    dshim_trace_dump_all("peer", dshim_last_error());
+                }
+                break;
+            } else if (h.type == DSHIM_PS_MSG_BARRIER) {
                 barrier_arrive(env, nodes, total, n, h.key, &watch);
             } else if (h.type == DSHIM_PS_MSG_BYE) {
                 n->bye = 1;
@@ -436,6 +533,23 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
             }
         }
         watch_check(&watch, env, nodes, total); /* barriers some node never reaches */
+        char text[448];
+        int group = 0;
+        if (st == DSHIM_OK && barrier_expired(&watch, env, nodes, total, text, sizeof(text), &group)) {
+            fprintf(stderr, "[dshim-ps scheduler] %s\n", text);
+            dshim_ps_hdr_t h;
+            dshim_ps_hdr_init(&h, DSHIM_PS_MSG_DEAD, group, strlen(text));
+            for (int i = 0; i < total; i++) {
+                /* the missing ones too: one that only sleeps learns why the job ends */
+                if (nodes[i].fd >= 0 && !nodes[i].bye) {
+                    dshim_ps_send(nodes[i].fd, &h, text, dshim_now() + 2);
+                }
+            }
+            st = dshim_error(DSHIM_ERR_TIMEOUT, "dshim ps scheduler: %s", text);
+            if (watch.ring != NULL) {
+                dshim_trace_dump_all("timeout", dshim_last_error());
+            }
+        }
     }
     for (int i = 0; i < total; i++) {
         if (nodes[i].fd >= 0) {

@@ -643,11 +643,19 @@ static dshim_status_t dispatch(server_t *s, int worker, dshim_ps_hdr_t h)
     }
 }
 
-static void accept_worker(server_t *s)
+/* DSHIM_OK also when a stranger was refused; an error only when no
+ * descriptor is left (EMFILE/ENFILE): the worker knocking could never
+ * connect, and the listener would stay readable and spin the loop. */
+static dshim_status_t accept_worker(server_t *s)
 {
     int fd = accept4(s->node->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
-        return;
+        char who[96];
+        snprintf(who, sizeof(who), "parameter server %d cannot accept a connection", s->node->rank);
+        if (dshim_net_out_of_fds(errno, who)) {
+            return dshim_error(DSHIM_ERR_SYSTEM, "%s", dshim_last_error());
+        }
+        return DSHIM_OK;
     }
     dshim_ps_hdr_t h;
     char token[sizeof(s->node->env.token)];
@@ -658,7 +666,7 @@ static void accept_worker(server_t *s)
         fprintf(stderr, "[dshim-ps server %d] refused a data connection that is not a worker of this job\n",
                 s->node->rank);
         close(fd);
-        return;
+        return DSHIM_OK;
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -666,6 +674,7 @@ static void accept_worker(server_t *s)
     s->worker_fds[h.key] = fd;
     s->nconnected++;
     DSHIM_PS_INFO(&s->node->env, s->node->rank, "worker %d connected", h.key);
+    return DSHIM_OK;
 }
 
 /* The server's state, released when it stops (also by tests/fuzz/fuzz_ps.c after each input). */
@@ -781,8 +790,8 @@ dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_
         if (dshim_ps_stop_requested(node)) {
             break; /* every worker is gone without kStopServer */
         }
-        if (pfds[nw].revents & POLLIN) {
-            accept_worker(&s);
+        if ((pfds[nw].revents & POLLIN) && (st = accept_worker(&s)) != DSHIM_OK) {
+            break;
         }
         for (int i = 0; i < nw && st == DSHIM_OK && !s.stop; i++) {
             if (pfds[i].fd >= 0 && (pfds[i].revents & POLLOUT) && conn_flush_some(&s, i) != 0) {

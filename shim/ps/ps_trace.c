@@ -396,10 +396,10 @@ dshim_status_t dshim_ps_wtrace_check(dshim_ps_node_t *node)
     }
     const dshim_ps_hello_t *srv = &node->servers[server];
     if (dead != NULL) {
-        snprintf(msg, sizeof(msg), "worker %d: no answer from server %d (pid %d on host %s) for %.0f s to its %s, "
-                 "and nothing else from it for %.0f s (DSHIM_TIMEOUT=%g s): the server is stopped or stuck (a "
-                 "server that waits for a worker's push says so itself)", node->rank, server, srv->pid, srv->host,
-                 age, what, now - w->heard[server], env->timeout_s);
+        snprintf(msg, sizeof(msg), "worker %d: server %d (pid %d on host %s) did not answer within %g s "
+                 "(DSHIM_TIMEOUT): no answer to its %s for %.0f s, and nothing else from it for %.0f s: the server "
+                 "is stopped or stuck (a server that waits for a worker's push says so itself)", node->rank, server,
+                 srv->pid, srv->host, env->timeout_s, what, age, now - w->heard[server]);
         return dshim_error_quiet(DSHIM_ERR_TIMEOUT, "%s", msg);
     }
     if (env->stall_warn_s > 0 && age >= env->stall_warn_s && now - w->t_warned >= env->stall_warn_s) {

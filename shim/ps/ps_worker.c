@@ -65,8 +65,10 @@ dshim_status_t dshim_ps_worker_connect(dshim_ps_node_t *node)
 }
 
 /* The error for a server that stopped answering; prefers the scheduler's
- * death notice, which names the process best. */
-static dshim_status_t server_lost(dshim_ps_node_t *node, int server, dshim_status_t st)
+ * death notice, which names the process best.  sending: the server took none
+ * of a request for DSHIM_TIMEOUT (its socket stayed full), which a server
+ * waiting for another worker's push does not cause: it still reads. */
+static dshim_status_t server_lost(dshim_ps_node_t *node, int server, dshim_status_t st, int sending)
 {
     /* a timeout: the server's own timeout comes at about the same time and
      * names the worker that did not push (its ERROR answer fails this node) */
@@ -79,10 +81,16 @@ static dshim_status_t server_lost(dshim_ps_node_t *node, int server, dshim_statu
         pthread_mutex_lock(&node->pend_mu);
         dshim_ps_wtrace_oldest(node, server, what, sizeof(what));
         pthread_mutex_unlock(&node->pend_mu);
-        return dshim_error(DSHIM_ERR_TIMEOUT, "worker %d: no answer from server %d (pid %d on host %s) within %.0f s "
-                           "(DSHIM_TIMEOUT)%s%s: another worker may not have pushed the same key",
-                           node->rank, server, node->servers[server].pid, node->servers[server].host,
-                           node->env.timeout_s, what[0] ? " to its " : "", what);
+        if (sending) {
+            return dshim_error(DSHIM_ERR_TIMEOUT, "worker %d: server %d (pid %d on host %s) did not answer within "
+                               "%.0f s (DSHIM_TIMEOUT): it read nothing this worker sent for that long: the server is "
+                               "stopped or stuck", node->rank, server, node->servers[server].pid,
+                               node->servers[server].host, node->env.timeout_s);
+        }
+        return dshim_error(DSHIM_ERR_TIMEOUT, "worker %d: server %d (pid %d on host %s) did not answer within %.0f s "
+                           "(DSHIM_TIMEOUT)%s%s: another worker may not have pushed the same key, or the server is "
+                           "stopped or stuck", node->rank, server, node->servers[server].pid,
+                           node->servers[server].host, node->env.timeout_s, what[0] ? " to its " : "", what);
     }
     return dshim_error(DSHIM_ERR_PEER, "worker %d: server %d (pid %d on host %s) closed the connection: it died",
                        node->rank, server, node->servers[server].pid, node->servers[server].host);
@@ -342,7 +350,7 @@ static void *receiver_main(void *arg)
                 continue;
             }
             if (st != DSHIM_ERR_INVALID) {
-                server_lost(node, i, st);
+                server_lost(node, i, st, 0);
                 dshim_ps_node_fail(node, dshim_last_error());
             }
             fail_all(node, dshim_ps_failure(node) ? dshim_ps_failure(node) : dshim_last_error());
@@ -350,7 +358,7 @@ static void *receiver_main(void *arg)
         }
         /* requests unanswered for long: warnings, and a silent server's timeout */
         if (dshim_ps_wtrace_check(node) != DSHIM_OK) {
-            fprintf(stderr, "[dshim-ps] %s\n", dshim_last_error()); /* "worker R: no answer from server S ..." */
+            fprintf(stderr, "[dshim-ps] %s\n", dshim_last_error()); /* "worker R: server S (...) did not answer within ..." */
             dshim_ps_node_fail(node, dshim_last_error());
             fail_all(node, dshim_ps_failure(node));
             return NULL;
@@ -425,7 +433,7 @@ static dshim_status_t send_to(dshim_ps_node_t *node, int server, dshim_ps_hdr_t 
     node->bytes_out += h->len;
     pthread_mutex_unlock(&node->send_mu);
     if (st != DSHIM_OK) {
-        return server_lost(node, server, st);
+        return server_lost(node, server, st, 1);
     }
     return DSHIM_OK;
 }
@@ -674,7 +682,7 @@ dshim_status_t dshim_ps_worker_wait_all(dshim_ps_node_t *node)
         }
         if (now > deadline && node->npending > 0) {
             pthread_mutex_unlock(&node->pend_mu);
-            return server_lost(node, srv, DSHIM_ERR_TIMEOUT);
+            return server_lost(node, srv, DSHIM_ERR_TIMEOUT, 0);
         }
     }
     pthread_mutex_unlock(&node->pend_mu);

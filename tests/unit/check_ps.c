@@ -648,7 +648,8 @@ static int run_silent_server_worker(int port)
     }
     double took = dshim_now() - t0;
     const char *f = dshim_ps_failure(node);
-    int rc = done == 2 && took >= e.timeout_s && f != NULL && strstr(f, "no answer from server 0") != NULL &&
+    int rc = done == 2 && took >= e.timeout_s && f != NULL && strstr(f, "server 0 (pid") != NULL &&
+                     strstr(f, "did not answer within") != NULL &&
                      strstr(f, "to its pushpull of key 3 (round 1)") != NULL &&
                      strstr(f, "the server is stopped or stuck") != NULL ? 22 : 8;
     if (rc != 22) {

@@ -17,7 +17,8 @@ if kv.rank == 1:
     while True:
         time.sleep(1)
 try:
-    # a pushpull runs inside MXNet's engine: its failure shows at the next kvstore call
+    # a pushpull runs inside MXNet's engine: its failure shows at the first read of its output
+    # (MXNet prefixes an engine operation's error with "MXNetError: ")
     kv.pushpull(0, a)
     a.wait_to_read()
     kv._barrier()

@@ -7,8 +7,10 @@ Every step, each worker pushes keys 0..K-1 in order and waits for each answer; a
 (--mode barrier) at that step every worker calls kv._barrier() but that one, which sleeps.
 --api pushpull (kv.pushpull, MXNet's engine: what Gluon's Trainer uses) or push (kv.push
 then kv.pull: the synchronous path).  Rounds: the init is round 0, step s is round s + 1.
+--kvtype dist_async: the servers answer each push at once (an SGD optimizer on them), so the
+other workers run to their end and wait in the final barrier.
 Usage: python stall_push.py OUT [--keys K] [--steps N] [--stall-step S] [--stall-key K]
-       [--stall-rank R] [--mode sleep|stop] [--api pushpull|push]
+       [--stall-rank R] [--mode sleep|stop] [--api pushpull|push] [--kvtype dist_sync|dist_async]
 """
 import argparse
 import os
@@ -26,9 +28,12 @@ p.add_argument("--stall-key", type=int, default=3)
 p.add_argument("--stall-rank", type=int, default=1)
 p.add_argument("--mode", default="sleep", choices=["sleep", "stop", "barrier"])
 p.add_argument("--api", default="pushpull", choices=["pushpull", "push"])
+p.add_argument("--kvtype", default="dist_sync", choices=["dist_sync", "dist_async"])
 args = p.parse_args()
 
-kv = mx.kv.create("dist_sync")
+kv = mx.kv.create(args.kvtype)
+if args.kvtype == "dist_async":
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
 rank = kv.rank
 with open(os.path.join(args.out, "pid_worker%d" % rank), "w") as f:
     f.write(str(os.getpid()))
