@@ -23,6 +23,7 @@
 #include "child.h"
 #include "collect.h"
 #include "errfile.h"
+#include "jobdir.h"
 #include "config.h"
 #include "frame.h"
 #include "log.h"
@@ -278,6 +279,10 @@ static int receive_spec(agent_t *ag, bool rank_mode, bool *told_to_stop)
     char err[256];
     int rc = run_spec_decode(text, &ag->spec, err, sizeof(err));
     free(text);
+    if (rc == 0 && run_jobdir_claim(&ag->spec, err, sizeof(err)) != 0) {
+        run_spec_free(&ag->spec);
+        rc = -1;
+    }
     if (rc != 0) {
         fail_agent(err);
         return RUN_EXIT_USAGE;

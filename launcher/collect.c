@@ -21,38 +21,14 @@
 #include "collect.h"
 #include "config.h"
 #include "net.h"
+#include "private_fs.h"
 
 /* ---- small helpers ---------------------------------------------------------- */
 
-/* mkdir -p with mode 0700 for what is missing. */
+/* mkdir -p with mode 0700 for what is missing (private_fs.h). */
 static int make_dirs(const char *path)
 {
-    char buf[PATH_MAX];
-    if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf)) {
-        return -1;
-    }
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == '\0') {
-            char ch = *p;
-            *p = '\0';
-            if (mkdir(buf, 0700) != 0 && errno != EEXIST) {
-                return -1;
-            }
-            *p = ch;
-            if (ch == '\0') {
-                break;
-            }
-        }
-    }
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
-}
-
-/* A directory in /tmp that anyone could have made first: it must be ours and no link. */
-static int owned_dir(const char *path)
-{
-    struct stat st;
-    return lstat(path, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == getuid() ? 0 : -1;
+    return dshim_make_dirs(path);
 }
 
 /* A file name that came in a frame: a plain name in the directory, never a path. */
@@ -118,7 +94,7 @@ void run_collect_plan(const run_opts_t *o, run_plan_t *plan, run_strv_t *common)
         return;
     }
     /* beside TORCHELASTIC_ERROR_FILE's attempt directories: the same path on every host */
-    if (asprintf(&plan->trace_dir, "/tmp/dshim-run-%d/trace_%d", (int)getpid(), plan->attempt) < 0) {
+    if (asprintf(&plan->trace_dir, "%s/trace_%d", plan->jobdir, plan->attempt) < 0) {
         run_usage_error("out of memory");
     }
     plan->trace_owned = true;
@@ -164,19 +140,19 @@ void run_collect_agent_init(const char *dir, bool owned)
         ag.usable = true;  /* the user's: the ranks make it; we only read it */
         return;
     }
-    /* /tmp/dshim-run-<pid>/trace_<k>: the parent in /tmp must be ours */
+    /* <job directory>/trace_<k>: the job directory (jobdir.h) must be ours */
     char parent[PATH_MAX];
     snprintf(parent, sizeof(parent), "%s", dir);
     char *slash = strrchr(parent, '/');
     if (slash && slash != parent) {
         *slash = '\0';
-        if (make_dirs(parent) != 0 || owned_dir(parent) != 0) {
+        if (dshim_private_dir(parent, 1) != 0) {
             fprintf(stderr, "dshim-run: %s is not a directory of this user; flight-recorder dumps of this host "
                     "are not collected\n", parent);
             return;
         }
     }
-    if (make_dirs(dir) != 0 || owned_dir(dir) != 0) {
+    if (dshim_private_dir(dir, 1) != 0) {
         fprintf(stderr, "dshim-run: cannot make %s (%s); flight-recorder dumps of this host are not collected\n",
                 dir, strerror(errno));
         return;
@@ -613,6 +589,21 @@ static bool make_collect_dir(run_collect_t *c)
     if (c->dir_made) {
         return true;
     }
+    if (c->mode == RUN_COLLECT_REQUEST) {
+        /* /tmp/dshim-run-user<uid>/status-<pid>: inside the user's own private directory only */
+        char parent[PATH_MAX];
+        snprintf(parent, sizeof(parent), "%s", c->dir);
+        char *slash = strrchr(parent, '/');
+        if (slash == NULL || slash == parent) {
+            return false;
+        }
+        *slash = '\0';
+        if (dshim_private_dir(parent, 1) != 0 || dshim_private_dir(c->dir, 1) != 0) {
+            return false;
+        }
+        c->dir_made = true;
+        return true;
+    }
     if (make_dirs(c->dir) == 0) {
         c->dir_made = true;
         return true;
@@ -623,7 +614,7 @@ static bool make_collect_dir(run_collect_t *c)
     snprintf(fallback, sizeof(fallback), "/tmp/dshim-run-user%u%s", (unsigned)getuid(), slash ? slash : "/dumps");
     char parent[64];
     snprintf(parent, sizeof(parent), "/tmp/dshim-run-user%u", (unsigned)getuid());
-    if (make_dirs(parent) == 0 && owned_dir(parent) == 0 && make_dirs(fallback) == 0) {
+    if (dshim_private_dir(parent, 1) == 0 && dshim_private_dir(fallback, 1) == 0) {
         snprintf(c->dir, sizeof(c->dir), "%s", fallback);
         c->dir_made = true;
         return true;
@@ -694,7 +685,7 @@ bool run_collect_frame(run_collect_t *c, int agent, const run_frame_t *f)
         if (f->textlen < sizeof(text) && safe_name(text) && make_collect_dir(c)) {
             char path[PATH_MAX + 256];
             snprintf(path, sizeof(path), "%s/%s", c->dir, text);
-            int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+            int fd = dshim_private_open(path, DSHIM_OPEN_TRUNC);
             c->cur[agent] = fd >= 0 ? fdopen(fd, "w") : NULL;
             if (fd >= 0 && c->cur[agent] == NULL) {
                 close(fd);
@@ -830,10 +821,13 @@ char *run_collect_finish(run_collect_t *c, dshim_trace_proc_t *procs, int nprocs
         if (c->dir_made) {
             char path[PATH_MAX + 32];
             snprintf(path, sizeof(path), "%s/diagnosis.txt", c->dir);
-            FILE *f = fopen(path, "w");
+            int fd = dshim_private_open(path, DSHIM_OPEN_TRUNC);
+            FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
             if (f) {
                 fputs(full, f);
                 fclose(f);
+            } else if (fd >= 0) {
+                close(fd);
             }
         }
         free(full);

@@ -25,6 +25,7 @@
 #include "log.h"
 #include "net.h"
 #include "output.h"
+#include "private_fs.h"
 #include "pump.h"
 #include "signals.h"
 #include "spec.h"
@@ -469,15 +470,18 @@ static void on_exit_status(void *ctx, pid_t pid, int status)
     }
 }
 
-static char *write_mpi_hostfile(const run_opts_t *o, const run_group_t *g)
+static char *write_mpi_hostfile(const run_opts_t *o, const run_plan_t *plan, const run_group_t *g)
 {
     char *path = NULL;
-    if (asprintf(&path, "/tmp/dshim-run-%d-mpi-hosts", (int)getpid()) < 0) {
+    /* in the private job directory (jobdir.h), never at a name in /tmp
+     * that another user could have made first */
+    if (asprintf(&path, "%s/mpi-hosts", plan->jobdir) < 0) {
         return NULL;
     }
-    FILE *f = fopen(path, "w");
+    int fd = dshim_private_open(path, DSHIM_OPEN_TRUNC);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (f == NULL) {
-        run_usage_error("cannot write %s for mpirun: %s", path, strerror(errno));
+        run_usage_error("cannot write %s for mpirun: %s", path, dshim_private_why(errno));
     }
     int slots = g->per_node > 0 ? g->per_node : (g->count + o->nhosts - 1) / o->nhosts;
     for (int i = 0; i < o->nhosts; i++) {
@@ -525,7 +529,7 @@ static void build_agent_argv(ctl_t *c, agent_t *a, run_strv_t *argv)
         run_strv_add(argv, "-np");
         run_strv_addf(argv, "%d", g->count);
         if (c->o->hostfile) {
-            c->mpi_hostfile = write_mpi_hostfile(c->o, g);
+            c->mpi_hostfile = write_mpi_hostfile(c->o, c->plan, g);
             run_strv_add(argv, "--hostfile");
             run_strv_add(argv, c->mpi_hostfile);
         } else {
@@ -628,10 +632,21 @@ static void poll_peer_launchers(ctl_t *c)
         return;
     }
     c->peers_next = dshim_now() + 0.5;
-    if (c->peers == NULL &&
-        dshim_store_connect(c->plan->store_addr, c->plan->store_port, c->plan->token, 0.2, &c->peers) != DSHIM_OK) {
-        c->peers = NULL;
-        return;  /* node 0's launcher not up yet (or gone): try again later */
+    if (c->peers == NULL) {
+        dshim_status_t st = dshim_store_connect(c->plan->store_addr, c->plan->store_port, c->plan->token, 0.2,
+                                                &c->peers);
+        if (st == DSHIM_ERR_PROTOCOL) {
+            /* node 0's store answered and refused us (another job token): this
+             * node's ranks would be refused alike; say so instead of hanging */
+            c->peers = NULL;
+            fail(c, NULL, RUN_EXIT_USAGE, "%s (every node's dshim-run must have the same DSHIM_JOB_TOKEN or "
+                 "DSHIM_JOB_TOKEN_FILE secret)", dshim_last_error());
+            return;
+        }
+        if (st != DSHIM_OK) {
+            c->peers = NULL;
+            return;  /* node 0's launcher not up yet (or gone): try again later */
+        }
     }
     if (c->failed && !c->peers_told) {
         char msg[1200];
@@ -770,12 +785,12 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
 /* Whatever outlived its agent here (mpirun's ranks after a forced kill) is
  * our descendant — we are a subreaper — and goes now; and the per-rank
  * torch error directories of this attempt go with it. */
-static void sweep_local_leftovers(void)
+static void sweep_local_leftovers(const run_plan_t *plan)
 {
     run_sweep_descendants();
-    char dir[64];
-    snprintf(dir, sizeof(dir), "/tmp/dshim-run-%d", (int)getpid());
-    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (plan->jobdir) {
+        nftw(plan->jobdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    }
 }
 
 /* Every process ended well; an agent that failed on its own is still a failure. */
@@ -852,7 +867,7 @@ int run_controller(const run_opts_t *o, run_plan_t *plan, bool *failed)
     run_timeline_fetch(c.tl, plan);
     run_timeline_write(c.tl, plan);
     run_timeline_free(c.tl);
-    sweep_local_leftovers();
+    sweep_local_leftovers(plan);
     if (c.peers) {
         c.peers_next = 0;
         poll_peer_launchers(&c);  /* a failure found at the very end still reaches the others */

@@ -12,21 +12,16 @@
 #include <unistd.h>
 
 #include "errfile.h"
+#include "private_fs.h"
 
+/* The file's directories (inside the private job directory, jobdir.h), mode 0700. */
 static void mkdir_parents(const char *path)
 {
     char *d = run_xstrdup(path);
     char *slash = strrchr(d, '/');
     if (slash) {
         *slash = '\0';
-        for (char *p = d + 1; *p; p++) {
-            if (*p == '/') {
-                *p = '\0';
-                mkdir(d, 0700);
-                *p = '/';
-            }
-        }
-        mkdir(d, 0700);
+        dshim_make_dirs(d);
     }
     free(d);
 }
@@ -92,7 +87,7 @@ char *run_errfile_take(const char *path)
         msg = first_message(buf);
         unlink(path);
     }
-    /* remove <rank>/, attempt_<k>/ and dshim-run-<pid>/ when empty */
+    /* remove <rank>/, attempt_<k>/ and the job directory when empty */
     char *d = run_xstrdup(path);
     for (int level = 0; level < 3; level++) {
         char *slash = strrchr(d, '/');

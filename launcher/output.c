@@ -5,7 +5,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <unistd.h>
+
 #include "output.h"
+#include "private_fs.h"
 
 #define TAIL_LINES 20
 
@@ -24,20 +27,6 @@ struct run_output {
     proc_out_t *procs;
 };
 
-static void mkdir_p(const char *dir)
-{
-    char *d = run_xstrdup(dir);
-    for (char *p = d + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            mkdir(d, 0755);
-            *p = '/';
-        }
-    }
-    mkdir(d, 0755);
-    free(d);
-}
-
 run_output_t *run_output_open(const run_opts_t *o, const run_plan_t *plan, int attempt)
 {
     run_output_t *out = run_xmalloc(sizeof(*out));
@@ -46,10 +35,16 @@ run_output_t *run_output_open(const run_opts_t *o, const run_plan_t *plan, int a
     out->attempt = attempt;
     out->procs = run_xmalloc((size_t)plan->nprocs * sizeof(*out->procs));
     if (o->log_dir) {
-        mkdir_p(o->log_dir);
-        struct stat sb;
-        if (stat(o->log_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        /* the real cause (a read-only directory is EACCES or EROFS, not the
+         * ENOENT a stat after a failed mkdir would report) */
+        if (dshim_make_dirs(o->log_dir) != 0) {
+            if (errno == EACCES || errno == EROFS || errno == EPERM) {
+                run_usage_error("--log-dir: cannot write to %s: %s", o->log_dir, strerror(errno));
+            }
             run_usage_error("--log-dir %s: cannot create the directory: %s", o->log_dir, strerror(errno));
+        }
+        if (access(o->log_dir, W_OK | X_OK) != 0) {
+            run_usage_error("--log-dir: cannot write to %s: %s", o->log_dir, strerror(errno));
         }
     }
     return out;
@@ -67,9 +62,16 @@ static void open_log(run_output_t *out, int idx)
         return;
     }
     /* append across restarts, with a separator, so an earlier failure stays readable */
-    po->log = fopen(path, out->attempt > 0 ? "a" : "w");
+    /* no link followed, no other user's file written into (private_fs.h) */
+    int fd = dshim_private_open(path, out->attempt > 0 ? DSHIM_OPEN_APPEND : DSHIM_OPEN_TRUNC);
+    int open_errno = errno;
+    po->log = fd >= 0 ? fdopen(fd, out->attempt > 0 ? "a" : "w") : NULL;
     if (po->log == NULL) {
-        run_say("cannot write log file %s: %s (output continues on the terminal)", path, strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+        }
+        run_say("cannot write log file %s: %s (output continues on the terminal)", path,
+                dshim_private_why(open_errno));
         po->log_failed = true;
     } else if (out->attempt > 0) {
         fprintf(po->log, "==== dshim-run: restart %d ====\n", out->attempt);

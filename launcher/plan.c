@@ -23,6 +23,8 @@
 #include "log.h"
 #include "net.h"
 #include "collect.h"
+#include "jobdir.h"
+#include "private_fs.h"
 #include "run.h"
 
 extern char **environ;
@@ -394,8 +396,8 @@ static void torch_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, con
             run_strv_setenv(&env, "GROUP_RANK", "%d", node);
             run_strv_setenv(&env, "ROLE_RANK", "%d", rank);
             /* torch's @record writes a failing rank's exception here; the agent makes the directory */
-            run_strv_setenv(&env, "TORCHELASTIC_ERROR_FILE", "/tmp/dshim-run-%d/attempt_%d/%d/error.json",
-                            (int)getpid(), attempt, rank);
+            run_strv_setenv(&env, "TORCHELASTIC_ERROR_FILE", "%s/attempt_%d/%d/error.json", plan->jobdir,
+                            attempt, rank);
             for (int i = 0; i < argv0->n; i++) {
                 if (i == legacy_at) {
                     run_strv_addf(&argv, "--local%srank=%d", o->legacy_local_rank_arg == 2 ? "_" : "-", l);
@@ -548,6 +550,7 @@ static void plan_basics(const run_opts_t *o, run_plan_t *plan, int attempt)
         run_usage_error("cannot read the current directory: %s", strerror(errno));
     }
     plan->cwd = run_xstrdup(o->sync_dst_dir ? o->sync_dst_dir : cwd);
+    plan->jobdir = run_jobdir_make(o->dry_run);
     plan->self_exe = run_self_exe();
     if (!o->no_preload) {
         plan->libdshim = run_find_libdshim(plan->self_exe);
@@ -611,8 +614,16 @@ static void plan_store(const run_opts_t *o, run_plan_t *plan, bool per_node_mode
     plan->host_store = !per_node_mode || o->node_rank == 0;
     if (cfg->job_token && cfg->job_token[0]) {
         plan->token = run_xstrdup(cfg->job_token);
+    } else if (cfg->job_token_file && cfg->job_token_file[0]) {
+        /* a secret that no command line shows (ps): every node reads the same file */
+        char secret[1024], why[4400];
+        if (dshim_read_secret_file(cfg->job_token_file, secret, sizeof(secret), why, sizeof(why)) != 0) {
+            run_usage_error("DSHIM_JOB_TOKEN_FILE: %s", why);
+        }
+        plan->token = run_xstrdup(secret);
     } else if (per_node_mode) {
-        /* nothing shared between the nodes' launchers but the command line */
+        /* nothing shared between the nodes' launchers but the command line,
+         * which any local user reads with ps: DSHIM_JOB_TOKEN(_FILE) is the secret one */
         if (asprintf(&plan->token, "dshim-run:%s:%s:%d", o->rdzv_id ? o->rdzv_id : "none", o->master_addr,
                      o->master_port) < 0) {
             run_usage_error("out of memory");
@@ -795,5 +806,6 @@ void run_free_plan(run_plan_t *plan)
     free(plan->libdshim);
     free(plan->self_exe);
     free(plan->trace_dir);
+    free(plan->jobdir);
     memset(plan, 0, sizeof(*plan));
 }

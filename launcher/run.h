@@ -110,6 +110,9 @@ typedef struct {
      * host, NULL when the recorder is off; owned: made by dshim-run per job */
     char *trace_dir;
     bool trace_owned;
+    /* the private per-job directory of this attempt (jobdir.h): torch's error
+     * files, --timeline part files, dumps, the mpirun host file */
+    char *jobdir;
 } run_plan_t;
 
 /* A growable array of strings (argv/env building). */

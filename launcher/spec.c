@@ -108,6 +108,7 @@ char *run_spec_encode(const run_plan_t *plan, int first, int count)
     }
     ns_put(&b, trace);
     free(trace);
+    ns_put(&b, plan->jobdir ? plan->jobdir : "");
     char *out = b64_encode((unsigned char *)b.buf, b.len);
     free(b.buf);
     return out;
@@ -210,8 +211,9 @@ int run_spec_decode(const char *b64, run_spec_t *spec, char *err, size_t errlen)
         spec->trace_dir = run_xstrdup("");
     }
     free(trace);
+    spec->jobdir = ns_get(&r);
     free(raw);
-    if (r.bad || spec->cwd == NULL || spec->nprocs != np) {
+    if (r.bad || spec->cwd == NULL || spec->nprocs != np || spec->jobdir == NULL) {
         snprintf(err, errlen, "job description is truncated or corrupt");
         run_spec_free(spec);
         return -1;
@@ -235,6 +237,7 @@ void run_spec_free(run_spec_t *spec)
     free(spec->procs);
     free(spec->cwd);
     free(spec->trace_dir);
+    free(spec->jobdir);
     run_strv_free(&spec->env);
     memset(spec, 0, sizeof(*spec));
 }

@@ -25,6 +25,7 @@ typedef struct {
     int nprocs;
     char *trace_dir;   /* the ranks' flight-recorder directory, "" = none (collect.h) */
     bool trace_owned;  /* made by dshim-run for this job */
+    char *jobdir;      /* the per-job directory (jobdir.h), "" = none */
 } run_spec_t;
 
 /* Encodes plan procs [first, first+count) for one agent; returns a malloc'ed base64 string. */

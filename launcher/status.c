@@ -29,6 +29,7 @@
 
 #include "collect.h"
 #include "net.h"
+#include "private_fs.h"
 
 /* How long a client waits for the answer: the collection's own bound plus
  * the time to ship large dumps. */
@@ -44,15 +45,8 @@ static void user_dir(char *out, size_t cap)
 static int ensure_user_dir(char *out, size_t cap)
 {
     user_dir(out, cap);
-    if (mkdir(out, 0700) != 0 && errno != EEXIST) {
-        return -1;
-    }
-    struct stat st;
-    if (lstat(out, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0) {
-        errno = EPERM;
-        return -1;
-    }
-    return 0;
+    /* found again by name (the --status client), so not random: checked instead (private_fs.h) */
+    return dshim_private_dir(out, 1);
 }
 
 static void sock_path(long pid, char *out, size_t cap)
@@ -78,7 +72,7 @@ int run_status_listen(void)
     char dir[64];
     if (ensure_user_dir(dir, sizeof(dir)) != 0) {
         run_say("warning: %s is not a private directory of this user (%s); dshim-run --status cannot reach this job",
-                dir, strerror(errno));
+                dir, dshim_private_why(errno));
         return -1;
     }
     struct sockaddr_un sa = {.sun_family = AF_UNIX};

@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "jobdir.h"
+#include "private_fs.h"
 #include "store.h"
 #include "timeline.h"
 
@@ -48,8 +50,7 @@ void run_timeline_plan(const run_opts_t *o, run_plan_t *plan)
         run_proc_t *p = &plan->procs[i];
         /* the directory of torch's error file (errfile.c): the agent makes it */
         char *kv = NULL;
-        if (asprintf(&kv, "%s=/tmp/dshim-run-%d/attempt_%d/%d/" TL_STEM "%%p.json", TL_ENV, (int)getpid(),
-                     plan->attempt, i) < 0) {
+        if (asprintf(&kv, "%s=%s/attempt_%d/%d/" TL_STEM "%%p.json", TL_ENV, plan->jobdir, plan->attempt, i) < 0) {
             run_usage_error("out of memory");
         }
         char **env = realloc(p->env, (size_t)(p->nenv + 2) * sizeof(*env));
@@ -155,7 +156,8 @@ void run_timeline_agent_send(int idx, const run_strv_t *env, const run_strv_t *c
     const char *spec = dshim_config()->run_spec;
     bool rank_mode = spec && spec[0]; /* under mpirun/srun: no lifeline, a shared output stream */
     const char *pattern = run_strv_getenv(env, TL_ENV);
-    if (!pattern || strncmp(pattern, "/tmp/dshim-run-", 15) != 0) {
+    const char *jobdir = run_jobdir_here();
+    if (!pattern || !jobdir || !run_path_under(pattern, jobdir)) {
         return; /* not dshim-run's (a user's own DSHIM_TIMELINE stays where it is) */
     }
     const char *slash = strrchr(pattern, '/');
@@ -734,9 +736,16 @@ int run_timeline_write(run_timeline_t *t, const run_plan_t *plan)
     }
     char tmp[4200];
     snprintf(tmp, sizeof(tmp), "%s.tmp%d", t->path, (int)getpid());
-    FILE *out = fopen(tmp, "w");
+    /* beside the user's file, maybe in a directory others can write: no
+     * link followed, no file of someone else's written into (private_fs.h);
+     * the rename then replaces whatever name was there, never its target */
+    int ofd = dshim_private_open(tmp, DSHIM_OPEN_TRUNC);
+    FILE *out = ofd >= 0 ? fdopen(ofd, "w") : NULL;
     if (!out) {
-        run_say("timeline: cannot write %s: %s", tmp, strerror(errno));
+        run_say("timeline: cannot write %s: %s", tmp, dshim_private_why(errno));
+        if (ofd >= 0) {
+            close(ofd);
+        }
         return -1;
     }
     /* hosts: an agent with a lifeline is one host (fake hosts may share a

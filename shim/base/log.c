@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <sys/syscall.h>
 
+#include "private_fs.h"
 #include "config.h"
 #include "log.h"
 
@@ -72,7 +73,7 @@ static void log_init_once(void)
     if (cfg->debug_file && cfg->debug_file[0]) {
         char path[512];
         dshim_expand_name(cfg->debug_file, log_rank, log_host, path, sizeof(path));
-        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        int fd = dshim_private_open(path, DSHIM_OPEN_APPEND);  /* no link, no other user's file: private_fs.h */
         if (fd >= 0) {
             log_fd = fd;
         }

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "private_fs.h"
 #include "config.h"
 #include "log.h"
 #include "status.h"
@@ -183,28 +184,12 @@ static void write_dump(FILE *f, int rank, int size, const char *reason, const ch
  * job does: for the user only). */
 static dshim_status_t make_dirs(const char *path)
 {
-    char buf[4096];
-    int len = snprintf(buf, sizeof(buf), "%s", path);
-    if (len <= 0 || (size_t)len >= sizeof(buf)) {
+    if (path[0] == '\0' || strlen(path) >= 4096) {
         return dshim_error_quiet(DSHIM_ERR_INVALID, "DSHIM_TRACE_DIR is empty or too long");
     }
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == 0) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(buf, 0700) != 0 && errno != EEXIST) {
-                return dshim_error_quiet(DSHIM_ERR_SYSTEM, "cannot create the directory %s: %s (set DSHIM_TRACE_DIR "
-                                         "to a writable directory)", buf, strerror(errno));
-            }
-            *p = c;
-            if (!c) {
-                break;
-            }
-        }
-    }
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        return dshim_error_quiet(DSHIM_ERR_SYSTEM, "%s is not a directory (set DSHIM_TRACE_DIR to one)", path);
+    if (dshim_make_dirs(path) != 0) {
+        return dshim_error_quiet(DSHIM_ERR_SYSTEM, "cannot create the directory %s: %s (set DSHIM_TRACE_DIR "
+                                 "to a writable directory)", path, strerror(errno));
     }
     return DSHIM_OK;
 }
@@ -219,9 +204,7 @@ static dshim_status_t dump_dir(char *out, size_t len)
         return make_dirs(out);
     }
     snprintf(out, len, "/tmp/dshim-trace-%u", (unsigned)getuid());
-    DSHIM_CHECK(make_dirs(out));
-    struct stat st;
-    if (lstat(out, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid()) {
+    if (dshim_private_dir(out, 1) != 0) {
         return dshim_error_quiet(DSHIM_ERR_SYSTEM, "%s belongs to another user or is a link; set DSHIM_TRACE_DIR "
                                  "to a directory of yours", out);
     }
@@ -236,9 +219,10 @@ static dshim_status_t write_file(const char *dir, int rank, int size, const char
     char tmp[4224];
     snprintf(path, path_len, "%s/dshim-trace.%d.%d.jsonl", dir, rank, (int)getpid());
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    /* mode 0600, no link followed, never another user's file (a shared DSHIM_TRACE_DIR) */
+    int fd = dshim_private_open(tmp, DSHIM_OPEN_TRUNC);
     if (fd < 0) {
-        return dshim_error_quiet(DSHIM_ERR_SYSTEM, "cannot create %s: %s", tmp, strerror(errno));
+        return dshim_error_quiet(DSHIM_ERR_SYSTEM, "cannot create %s: %s", tmp, dshim_private_why(errno));
     }
     FILE *f = fdopen(fd, "w");
     if (!f) {

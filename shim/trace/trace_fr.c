@@ -136,6 +136,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "private_fs.h"
 #include "config.h"
 #include "log.h"
 #include "status.h"
@@ -889,9 +890,9 @@ dshim_status_t dshim_trace_write_fr(const char *dir, int world_rank, const dshim
         st = dshim_error_quiet(DSHIM_ERR_INVALID, "flight recorder: directory name too long: %s", dir);
         goto out;
     }
-    o->fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    o->fd = dshim_private_open(tmp, DSHIM_OPEN_TRUNC);  /* 0600, no link, no file of another user's */
     if (o->fd < 0) {
-        st = dshim_error_quiet(DSHIM_ERR_SYSTEM, "cannot create %s: %s", tmp, strerror(errno));
+        st = dshim_error_quiet(DSHIM_ERR_SYSTEM, "cannot create %s: %s", tmp, dshim_private_why(errno));
         goto out;
     }
     o->err = 0;

@@ -12,8 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
+#include "private_fs.h"
 #include "trace.h"
 #include "trace_read.h"
 
@@ -866,8 +868,12 @@ static void put_json_string(FILE *f, const char *s)
 
 int dshim_trace_write_procs(const char *path, const dshim_trace_proc_t *procs, size_t n, double wait_s)
 {
-    FILE *f = fopen(path, "w");
+    int fd = dshim_private_open(path, DSHIM_OPEN_TRUNC);  /* in a dump directory: private_fs.h */
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (f == NULL) {
+        if (fd >= 0) {
+            close(fd);
+        }
         return -1;
     }
     fprintf(f, "{\"format\":\"dshim-run-procs\",\"version\":1,\"wait_ms\":%d}\n", (int)(wait_s * 1000.0 + 0.5));

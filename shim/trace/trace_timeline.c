@@ -49,6 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "private_fs.h"
 #include "config.h"
 #include "log.h"
 #include "trace_impl.h"
@@ -234,6 +235,7 @@ static uint64_t realtime_ns(void)
 }
 
 
+/* The file's missing directories, mode 0700 (private_fs.h). */
 static void mkdir_parents(const char *path)
 {
     char d[4096];
@@ -243,14 +245,7 @@ static void mkdir_parents(const char *path)
         return;
     }
     *slash = '\0';
-    for (char *p = d + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            mkdir(d, 0755);
-            *p = '/';
-        }
-    }
-    mkdir(d, 0755);
+    dshim_make_dirs(d);
 }
 
 /* Writes the buffer out.  tl_lock held. */
@@ -311,13 +306,16 @@ static void tl_create_locked(void)
     char path[4096];
     dshim_expand_name(pattern, rank, dshim_log_hostname(), path, sizeof(path));
     mkdir_parents(path);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* a path the user named, maybe in a directory others can write: no link
+     * followed, no file of another user's written into, mode 0600 */
+    int fd = dshim_private_open(path, DSHIM_OPEN_TRUNC);
+    int open_errno = errno;
     if (!tl.buf) {
         tl.buf = malloc(TL_BUF_SIZE); /* kept by a forked child */
     }
     if (fd < 0 || !tl.buf) {
         DSHIM_WARN("timeline: cannot create %s (DSHIM_TIMELINE=%s): %s; no timeline for this process", path, pattern,
-                   fd < 0 ? strerror(errno) : "out of memory");
+                   fd < 0 ? dshim_private_why(open_errno) : "out of memory");
         if (fd >= 0) {
             close(fd);
         }

@@ -190,9 +190,10 @@ def test_hung_rank_skipped_a_collective(run, write_script, workdir, no_leftovers
     assert offline.returncode == 0, offline.stderr
     assert m.group(0) in offline.stdout, offline.stdout
     assert re.search(r"^rank 1 \(host \S+, pid \d+\) has not called any collective", offline.stdout, re.M)
-    # nothing of the job's per-host dump directory (/tmp/dshim-run-<controller pid>/trace_0) is left
-    controller = d.name.split("-")[-1]
-    assert not pathlib.Path(f"/tmp/dshim-run-{controller}").exists()
+    # nothing of the job's private directory ($TMPDIR/dshim-run.XXXXXX, its trace_0 named in the ranks' lines) is left
+    jobdirs = set(re.findall(r"(/\S*/dshim-run\.[A-Za-z0-9]{6})/trace_0/", res.err + res.out))
+    assert jobdirs, describe(res)
+    assert not [j for j in jobdirs if pathlib.Path(j).exists()], jobdirs
     no_leftovers()
 
 

@@ -160,7 +160,7 @@ def test_timeline_option_plumbing(run, write_script, workdir):
     script = write_script("train.py", "print('hi')\n")
     res = run(["--nproc-per-node", "2", "--timeline", workdir / "x.json", "--dry-run", script, "--timeline"])
     assert res.rc == 0, describe(res)
-    per_rank = re.findall(r"DSHIM_TIMELINE=/tmp/dshim-run-\d+/attempt_0/(\d)/timeline\.%p\.json", res.out)
+    per_rank = re.findall(r"DSHIM_TIMELINE=/\S*/dshim-run\.XXXXXX/attempt_0/(\d)/timeline\.%p\.json", res.out)
     assert per_rank == ["0", "1"], describe(res)
     res = run(["--timeline"])
     assert res.rc == 2 and "option --timeline needs a value" in res.err, describe(res)
