@@ -11,6 +11,13 @@
  * returns a one-line message (thread-local) naming the rank, the peer and the
  * cause.  A communicator that saw a communication error is poisoned: later
  * calls on it fail fast with the same message.
+ *
+ * NULL pointers: a function returning dshim_status_t returns
+ * DSHIM_ERR_INVALID for a NULL argument unless its comment says that one may
+ * be NULL; a buffer may be NULL only when its count is 0 (or where it is
+ * "significant only at root", on the other ranks).  Functions of other
+ * types say what they do with a NULL; none of them crashes on one
+ * (tests/unit/check_api_null.c calls each with each pointer NULL).
  */
 #ifndef DSHIM_H
 #define DSHIM_H
@@ -90,7 +97,8 @@ typedef struct dshim_comm_args {
     int         store_external; /* 1: the store is hosted by someone else */
 } dshim_comm_args_t;
 
-/* From the environment: DSHIM_RANK/RANK/OMPI_COMM_WORLD_RANK/PMI_RANK/
+/* comm_p and args (and args->store_addr) must not be NULL; args->token may.
+ * From the environment: DSHIM_RANK/RANK/OMPI_COMM_WORLD_RANK/PMI_RANK/
  * SLURM_PROCID, the matching size variables, MASTER_ADDR/MASTER_PORT or
  * DSHIM_STORE_ADDR/DSHIM_STORE_PORT. */
 DSHIM_EXPORT dshim_status_t dshim_comm_init_env(dshim_comm_t **comm_p);
@@ -100,7 +108,8 @@ DSHIM_EXPORT dshim_status_t dshim_comm_init(const dshim_comm_args_t *args, dshim
  * store now (port 0 = a free port, returned in *port_p), leaving no window in
  * which another process could take the port.  This process's next rank-0
  * dshim_comm_init with store_port = *port_p (store_external 0, same token)
- * adopts it. */
+ * adopts it.  token may be NULL (derived, as for dshim_comm_args_t); port_p
+ * must not. */
 DSHIM_EXPORT dshim_status_t dshim_store_prebind(int port, const char *token, int *port_p);
 /* The same, listening only where the other ranks reach it: addr (the address
  * published to them) when it is loopback or one of this host's addresses,
@@ -111,22 +120,27 @@ DSHIM_EXPORT dshim_status_t dshim_store_prebind_at(const char *addr, int port, c
  * ordered by (key, old rank).  color < 0: *newcomm_p = NULL. */
 DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int key,
                                              dshim_comm_t **newcomm_p);
-/* Waits for outstanding requests, then closes everything. */
+/* Waits for outstanding requests, then closes everything.  comm may be NULL
+ * (DSHIM_OK, nothing to do). */
 DSHIM_EXPORT dshim_status_t dshim_comm_destroy(dshim_comm_t *comm);
-/* Fails outstanding and future operations at once; peers see an error too. */
+/* Fails outstanding and future operations at once; peers see an error too.
+ * reason may be NULL ("no reason given"). */
 DSHIM_EXPORT dshim_status_t dshim_comm_abort(dshim_comm_t *comm, const char *reason);
 /* This communicator's limit on an operation without progress, replacing
  * DSHIM_TIMEOUT (e.g. the timeout given to torch's init_process_group);
  * <= 0 means no limit.  Call it before issuing operations on comm. */
 DSHIM_EXPORT dshim_status_t dshim_comm_set_timeout(dshim_comm_t *comm, double seconds);
 /* Names the communicator in flight-recorder dumps, the launcher's diagnosis
- * and the timeline ("torch group 1 (default_pg)"); copied. */
+ * and the timeline ("torch group 1 (default_pg)"); copied; NULL clears it. */
 DSHIM_EXPORT dshim_status_t dshim_comm_set_desc(dshim_comm_t *comm, const char *desc);
+/* -1 for a NULL comm. */
 DSHIM_EXPORT int dshim_comm_rank(const dshim_comm_t *comm);
 DSHIM_EXPORT int dshim_comm_size(const dshim_comm_t *comm);
-/* "shm", "tcp", "shm+tcp" or "self": what carries this rank's traffic. */
+/* "shm", "tcp", "shm+tcp" or "self": what carries this rank's traffic
+ * ("none" for a NULL comm). */
 DSHIM_EXPORT const char *dshim_comm_transport(const dshim_comm_t *comm);
-/* First error seen by the communicator (DSHIM_OK if none); message copied. */
+/* First error seen by the communicator (DSHIM_OK if none); message copied
+ * into msg unless msg is NULL or msg_len 0. */
 DSHIM_EXPORT dshim_status_t dshim_comm_get_error(dshim_comm_t *comm, char *msg, size_t msg_len);
 
 DSHIM_EXPORT const char *dshim_last_error(void);
@@ -137,7 +151,7 @@ DSHIM_EXPORT const char *dshim_redop_name(dshim_redop_t op);
 
 /* Requests. test: *done_p = 1 once complete (status returned is the
  * operation's).  wait: blocks until complete.  free: releases the request
- * (waits first if it is still running). */
+ * (waits first if it is still running); NULL is ignored. */
 DSHIM_EXPORT dshim_status_t dshim_test(dshim_request_t *req, int *done_p);
 DSHIM_EXPORT dshim_status_t dshim_wait(dshim_request_t *req);
 DSHIM_EXPORT void dshim_request_free(dshim_request_t *req);
@@ -163,7 +177,8 @@ DSHIM_EXPORT dshim_status_t dshim_allgather(dshim_comm_t *comm, const void *send
                                             size_t count, dshim_dtype_t dtype);
 DSHIM_EXPORT dshim_status_t dshim_iallgather(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
                                              size_t count, dshim_dtype_t dtype, dshim_request_t **req_p);
-/* Uneven: rank r contributes counts[r] elements placed at displs[r]. */
+/* Uneven: rank r contributes counts[r] elements placed at displs[r] (neither
+ * array may be NULL). */
 DSHIM_EXPORT dshim_status_t dshim_allgatherv(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
                                              const size_t *counts, const size_t *displs, dshim_dtype_t dtype);
 DSHIM_EXPORT dshim_status_t dshim_iallgatherv(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
@@ -177,13 +192,14 @@ DSHIM_EXPORT dshim_status_t dshim_ireduce_scatter(dshim_comm_t *comm, const void
                                                   dshim_request_t **req_p);
 /* Uneven (MPI_Reduce_scatter): sendbuf holds the blocks one after the other,
  * block j recvcounts[j] elements; rank r gets block r reduced (recvcounts[r]
- * elements).  Every rank passes the same recvcounts. */
+ * elements).  Every rank passes the same recvcounts (not NULL). */
 DSHIM_EXPORT dshim_status_t dshim_reduce_scatterv(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
                                                   const size_t *recvcounts, dshim_dtype_t dtype, dshim_redop_t op);
 DSHIM_EXPORT dshim_status_t dshim_ireduce_scatterv(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
                                                    const size_t *recvcounts, dshim_dtype_t dtype, dshim_redop_t op,
                                                    dshim_request_t **req_p);
-/* Each rank sends block j (count elements) to rank j. */
+/* Each rank sends block j (count elements) to rank j.  alltoallv: none of
+ * the four arrays may be NULL. */
 DSHIM_EXPORT dshim_status_t dshim_alltoall(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
                                            size_t count, dshim_dtype_t dtype);
 DSHIM_EXPORT dshim_status_t dshim_ialltoall(dshim_comm_t *comm, const void *sendbuf, void *recvbuf,
@@ -241,7 +257,8 @@ DSHIM_EXPORT dshim_status_t dshim_ibarrier(dshim_comm_t *comm, dshim_request_t *
 /* Counters of what went through dshim (used by tests to prove a path ran):
  * bytes this rank handed to its peers and took from them, whether as
  * messages, through the host gate's shared memory, or by single-copy reads
- * (a rank's buffers read by its peers count as its bytes sent). */
+ * (a rank's buffers read by its peers count as its bytes sent).  A NULL comm
+ * gives zeros; a NULL stats is ignored. */
 typedef struct dshim_stats {
     uint64_t collectives;
     uint64_t bytes_sent;
@@ -250,13 +267,15 @@ typedef struct dshim_stats {
 DSHIM_EXPORT void dshim_comm_stats(const dshim_comm_t *comm, dshim_stats_t *stats);
 
 /* Prints every DSHIM_* variable (and the frameworks' variables dshim reads)
- * with its default, current value and help to the stream (a FILE*). */
+ * with its default, current value and help to the stream (a FILE*; NULL =
+ * stdout). */
 DSHIM_EXPORT void dshim_print_config(void *file);
 
 /* The effective value of one variable of the table (e.g. "DSHIM_TAKEOVER"),
  * as text, after parsing: how the Python package and other bindings read
  * dshim's configuration without reading the environment themselves.
- * Returns 0, or -1 for a name that is not in the table. */
+ * Returns 0, or -1 for a name that is not in the table or a NULL name or buf
+ * (the value is truncated to len bytes, its end included). */
 DSHIM_EXPORT int dshim_config_get(const char *name, char *buf, size_t len);
 
 /* ---- device buffers of a CUDA program (shim/gpu) ------------------------
@@ -268,8 +287,8 @@ DSHIM_EXPORT int dshim_config_get(const char *name, char *buf, size_t len);
 DSHIM_EXPORT int dshim_gpu_available(void);
 /* A pinned host block of at least `bytes` bytes from dshim's process-wide
  * staging pool: *host_p is its memory, the result its handle for
- * dshim_gpu_stage_put.  NULL (the error recorded) without CUDA or when
- * pinning failed. */
+ * dshim_gpu_stage_put.  NULL (the error recorded) without CUDA, when
+ * pinning failed, or for a NULL host_p. */
 DSHIM_EXPORT void *dshim_gpu_stage_get(size_t bytes, void **host_p);
 /* Gives a block back to the pool; nothing, no queued copy either, may use
  * it any more.  NULL is ignored. */
@@ -277,7 +296,9 @@ DSHIM_EXPORT void dshim_gpu_stage_put(void *block);
 /* Queues a copy of `bytes` between host and device memory (the direction
  * comes from the pointers) on `stream`, a cudaStream_t of device `device`
  * (NULL: the legacy default stream): it runs after the work queued there
- * before it, and the work queued after it sees its result.  Does not wait. */
+ * before it, and the work queued after it sees its result.  Does not wait.
+ * dst and src may be NULL only with bytes 0 (DSHIM_ERR_INVALID, checked
+ * before whether CUDA is there). */
 DSHIM_EXPORT dshim_status_t dshim_gpu_copy_async(void *dst, const void *src, size_t bytes, int device,
                                                  void *stream);
 /* Waits until the work queued on `stream` of device `device` is done. */
@@ -288,7 +309,8 @@ DSHIM_EXPORT dshim_status_t dshim_gpu_stream_sync(int device, void *stream);
  * through comm's reduction backend.  scalar points to one value of dtype.
  * Integers wrap; float16/bfloat16/fp8 are widened to float, multiplied and
  * rounded back once (torch's mul_ by that value gives the same bits).  dst
- * may alias src exactly.  Local: no communication, any thread. */
+ * may alias src exactly.  Local: no communication, any thread.  dst and src
+ * may be NULL only with count 0; comm and scalar never. */
 DSHIM_EXPORT dshim_status_t dshim_scale_mul(dshim_comm_t *comm, void *dst, const void *src, size_t count,
                                             dshim_dtype_t dtype, const void *scalar);
 
@@ -306,7 +328,7 @@ DSHIM_EXPORT dshim_status_t dshim_trace_dump(void);
 /* A span of the framework's own work (torch's optimizer step) for the
  * timeline (DSHIM_TIMELINE), on its own track of this rank; begin and end in
  * CLOCK_MONOTONIC ns (Python: time.monotonic_ns()).  No-op when the timeline
- * is off. */
+ * is off or name is NULL. */
 DSHIM_EXPORT void dshim_trace_span(const char *name, uint64_t begin_ns, uint64_t end_ns);
 
 #ifdef __cplusplus

@@ -505,6 +505,11 @@ DSHIM_EXPORT void dshim_print_config(void *file)
 
 DSHIM_EXPORT int dshim_config_get(const char *name, char *buf, size_t len)
 {
+    if (name == NULL || buf == NULL) {
+        /* the header's error value, not a crash in strcmp or snprintf */
+        dshim_error_quiet(DSHIM_ERR_INVALID, "dshim_config_get: %s is NULL", name == NULL ? "name" : "buf");
+        return -1;
+    }
     const dshim_config_t *cfg = dshim_config();
     for (size_t i = 0; i < NROWS; i++) {
         if (strcmp(rows[i].env, name) != 0) {

@@ -7,8 +7,10 @@
 #include <netdb.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -382,4 +384,29 @@ int dshim_net_hung_up(int fd)
     }
     struct pollfd pfd = {.fd = fd, .events = POLLRDHUP, .revents = 0};
     return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+int dshim_net_out_of_fds(int err, const char *what)
+{
+    if (err == EMFILE) {
+        struct rlimit rl;
+        char now[32] = "?";
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            if (rl.rlim_cur == RLIM_INFINITY) {
+                snprintf(now, sizeof(now), "unlimited");
+            } else {
+                snprintf(now, sizeof(now), "%llu", (unsigned long long)rl.rlim_cur);
+            }
+        }
+        /* quiet: the caller decides where the one line goes (a failed
+         * communicator logs it, the store hands it to every waiting rank) */
+        dshim_error_quiet(DSHIM_ERR_SYSTEM, "%s: too many open files (EMFILE): raise ulimit -n (now %s)", what, now);
+        return 1;
+    }
+    if (err == ENFILE) {
+        dshim_error_quiet(DSHIM_ERR_SYSTEM, "%s: the system's file table is full (ENFILE): close files or raise "
+                          "fs.file-max", what);
+        return 1;
+    }
+    return 0;
 }

@@ -39,5 +39,15 @@ double dshim_now(void);  /* monotonic seconds */
  * test of a peer's death that the core, the transports and the parameter
  * server share.  0 for fd < 0. */
 int dshim_net_hung_up(int fd);
+/* 1 when errno `err` (of accept(2), socket(2), ...) says no descriptor is
+ * left: EMFILE (this process's RLIMIT_NOFILE) or ENFILE (the system's
+ * table).  For accept: every later one fails alike until something closes,
+ * while the listener stays readable, so a caller that retries spins, logs a
+ * line per try and leaves the peer knocking to time out as "did not join";
+ * a caller told 1 fails at once instead.  Then the last error is the one
+ * line "WHAT: too many open files (EMFILE): raise ulimit -n (now N)"
+ * (ENFILE: "raise fs.file-max"), WHAT saying who failed to do what.  0
+ * (nothing set) for any other err. */
+int dshim_net_out_of_fds(int err, const char *what);
 
 #endif

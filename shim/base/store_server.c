@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "net.h"
 #include "status.h"
 #include "store.h"
 #include "store_proto.h"
@@ -77,6 +78,9 @@ struct dshim_store_server {
     kv_entry_t **buckets;
     size_t nbuckets, nkeys;
     double accept_pause_until;
+    double accept_warned_at;   /* last "accept failed" line (one per 10 s) */
+    unsigned long accept_failures; /* since that line */
+    int out_of_fds;            /* reported (the job is failed): said once */
 };
 
 /* ---- key/value table: chained hash, doubled when the load reaches 1 ---- */
@@ -689,6 +693,62 @@ static void conn_on_events(dshim_store_server_t *srv, conn_t *c, short re)
     }
 }
 
+/* Out of descriptors (EMFILE/ENFILE): the rank that knocks can never join,
+ * and the job would wait DSHIM_CONNECT_TIMEOUT to blame it ("rank 1 did not
+ * join").  The store fails the job instead, at once and once: the reason
+ * goes to the key `failed` (store.h: a failure under the empty prefix
+ * answers every GET of an absent key, parked or later), so the process
+ * hosting the store, waiting for its peers' records, fails with that line
+ * naming EMFILE and the limit, and so does every rank connected already. */
+static void fail_out_of_fds(dshim_store_server_t *srv)
+{
+    char msg[512];
+    snprintf(msg, sizeof(msg), "%s", dshim_last_error());
+    DSHIM_WARN("%s", msg);
+    srv->out_of_fds = 1;
+    const uint8_t *key = (const uint8_t *)DSHIM_STORE_FAILED_LEAF;
+    uint32_t klen = (uint32_t)strlen(DSHIM_STORE_FAILED_LEAF);
+    uint64_t hash = key_hash(key, klen);
+    if (*kv_slot(srv, key, klen, hash) != NULL) {
+        return; /* a failure was reported already: it stays the first */
+    }
+    size_t len = strlen(msg);
+    uint8_t *val = malloc(len);
+    if (!val) {
+        return;
+    }
+    memcpy(val, msg, len);
+    kv_entry_t *e = kv_put(srv, key, klen, hash, val, len); /* takes val */
+    if (e) {
+        fail_waiters(srv, e, 0);
+    }
+}
+
+/* A failed accept: back off instead of spinning on a listener that stays
+ * readable, and say so at most once per 10 s (a line per 100 ms pause made
+ * 1200 lines in a 120 s start-up). */
+static void accept_failed(dshim_store_server_t *srv, int err)
+{
+    double now = dshim_store_now();
+    srv->accept_pause_until = now + (err == EMFILE || err == ENFILE ? 1.0 : 0.1);
+    char who[160];
+    snprintf(who, sizeof(who), "the rendezvous store (host %s, pid %d) cannot accept a connection",
+             dshim_log_hostname(), (int)getpid());
+    if (dshim_net_out_of_fds(err, who)) {
+        if (!srv->out_of_fds) {
+            fail_out_of_fds(srv);
+        }
+        return;
+    }
+    srv->accept_failures++;
+    if (now - srv->accept_warned_at >= 10.0) {
+        DSHIM_WARN("store: accept failed: %s (%lu times since the last such line); pausing new connections for "
+                   "100 ms each time", strerror(err), srv->accept_failures);
+        srv->accept_warned_at = now;
+        srv->accept_failures = 0;
+    }
+}
+
 static void accept_all(dshim_store_server_t *srv)
 {
     for (int k = 0; k < 64; k++) {
@@ -700,10 +760,7 @@ static void accept_all(dshim_store_server_t *srv)
                 continue;
             }
             if (errno != EAGAIN && errno != EWOULDBLOCK) {
-                /* e.g. out of descriptors: back off instead of spinning on
-                 * a listener that stays readable */
-                DSHIM_WARN("store: accept failed: %s; pausing new connections for 100 ms", strerror(errno));
-                srv->accept_pause_until = dshim_store_now() + 0.1;
+                accept_failed(srv, errno);
             }
             return;
         }

@@ -355,7 +355,32 @@ static void *acceptor_main(void *arg)
         }
         int fd = accept4(comm->listen_fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) {
-            continue; /* a connection reset before accept, EMFILE, ...: the peer retries or reports */
+            int err = errno;
+            char who[256];
+            snprintf(who, sizeof(who), "rank %d (host %s, pid %d): its data listener cannot accept a connection",
+                     comm->rank, comm->peers[comm->rank].hostname, (int)getpid());
+            if (dshim_net_out_of_fds(err, who)) {
+                /* The peer knocking can never be answered, and the listener
+                 * stays readable (retrying spun a core): hand the one line
+                 * naming EMFILE to this rank's executor, which fails the
+                 * communicator with it at once (xfer.c: then the peers
+                 * learn of it through its abort key and shut connections),
+                 * and wake it (conn_event); then look again only every
+                 * second, to answer whoever gets through. */
+                if (!__atomic_load_n(&comm->acceptor_failed, __ATOMIC_ACQUIRE)) {
+                    snprintf(comm->acceptor_errmsg, sizeof(comm->acceptor_errmsg), "%s", dshim_last_error());
+                    __atomic_store_n(&comm->acceptor_failed, 1, __ATOMIC_RELEASE);
+                    DSHIM_WARN("%s", comm->acceptor_errmsg);
+                    uint64_t one = 1;
+                    ssize_t wr = write(comm->conn_event, &one, sizeof(one));
+                    (void)wr; /* an executor sleeping longer looks within 100 ms */
+                }
+                struct pollfd w = {.fd = comm->acceptor_wake, .events = POLLIN};
+                if (poll(&w, 1, 1000) > 0) {
+                    return NULL;
+                }
+            }
+            continue; /* a connection reset before accept, ...: the peer retries or reports */
         }
         answer_hello(comm, fd);
     }
@@ -441,8 +466,14 @@ dshim_status_t dshim_comm_connect_start(dshim_comm_t *comm, int r)
     }
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
+        int err = errno;
         pending_fail(comm, r);
-        return dshim_error_quiet(DSHIM_ERR_SYSTEM, "cannot connect to %s: socket: %s", who, strerror(errno));
+        char what[320];
+        snprintf(what, sizeof(what), "cannot connect to %s: socket", who);
+        if (dshim_net_out_of_fds(err, what)) {
+            return DSHIM_ERR_SYSTEM; /* the line says EMFILE and the limit */
+        }
+        return dshim_error_quiet(DSHIM_ERR_SYSTEM, "cannot connect to %s: socket: %s", who, strerror(err));
     }
     pc->fd = fd;
     pc->hello = (hello_t){HELLO_MAGIC, HELLO_VERSION, comm->hello_hash, comm->rank, comm->size};

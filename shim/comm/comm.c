@@ -620,6 +620,9 @@ DSHIM_EXPORT dshim_status_t dshim_comm_get_error(dshim_comm_t *comm, char *msg, 
 
 DSHIM_EXPORT void dshim_comm_stats(const dshim_comm_t *comm, dshim_stats_t *stats)
 {
+    if (!stats) {
+        return; /* nowhere to write: nothing to do (it returns no status) */
+    }
     memset(stats, 0, sizeof(*stats));
     if (!comm) {
         return;

@@ -102,6 +102,12 @@ struct dshim_comm {
     int npending;                  /* how many of them are under way (executor only) */
     int acceptor_started;
     pthread_t acceptor;
+    /* the acceptor ran out of descriptors (EMFILE): set once, with its
+     * line, for the executor to fail the communicator (xfer.c's wait; the
+     * acceptor does not fail it itself: init and the user's thread may still
+     * be writing what a failure reads) */
+    int acceptor_failed;           /* atomic */
+    char acceptor_errmsg[512];     /* written before acceptor_failed (release) */
     pthread_mutex_t conn_lock;     /* conn_state, and publishing conns */
     unsigned char *conn_state;     /* [size]: DSHIM_CONN_NONE, CONNECTING or READY */
     int nconnects;                 /* connections made so far (both directions) */

@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -135,6 +136,11 @@ static int process_gone(pid_t pid)
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "re");
     if (!f) {
+        if (errno == EMFILE || errno == ENFILE) {
+            /* no descriptor to read /proc with (ulimit -n): ask the kernel
+             * without one (a zombie then counts as alive until reaped) */
+            return kill(pid, 0) != 0 && errno == ESRCH;
+        }
         return errno == ENOENT || errno == ESRCH;
     }
     size_t n = fread(buf, 1, sizeof(buf) - 1, f);

@@ -1106,6 +1106,13 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
             dshim_error_set_raw(comm->errmsg);
             return comm->error;
         }
+        if (__atomic_load_n(&comm->acceptor_failed, __ATOMIC_ACQUIRE)) {
+            /* the acceptor found no descriptor for a peer's connection
+             * (bootstrap.c): that peer never gets through, so fail now,
+             * from this thread, with the acceptor's line */
+            dshim_error_set_raw(comm->acceptor_errmsg);
+            return dshim_xfer_fail(comm, sig, DSHIM_ERR_SYSTEM);
+        }
         /* nothing moved: spin a little (peers are usually microseconds away),
          * then sleep until a connection may move.  A rank with a core of its
          * own reads the clock every 8th loop only: a read is ~25 ns, and the

@@ -37,6 +37,10 @@ DSHIM_EXPORT int dshim_gpu_available(void)
 
 DSHIM_EXPORT void *dshim_gpu_stage_get(size_t bytes, void **host_p)
 {
+    if (!host_p) {
+        dshim_error(DSHIM_ERR_INVALID, "dshim_gpu_stage_get: host_p is NULL");
+        return NULL;
+    }
     *host_p = NULL;
     const dshim_gpu_runtime_t *rt = dshim_gpu_runtime();
     if (!rt) {
@@ -89,6 +93,11 @@ static void scope_leave(const dshim_gpu_runtime_t *rt, const device_scope_t *sc)
 DSHIM_EXPORT dshim_status_t dshim_gpu_copy_async(void *dst, const void *src, size_t bytes, int device,
                                                  void *stream)
 {
+    /* before the runtime: a NULL is the caller's error on any machine */
+    if (bytes && (!dst || !src)) {
+        return dshim_error(DSHIM_ERR_INVALID, "dshim_gpu_copy_async: %s is NULL with %zu bytes", !dst ? "dst" : "src",
+                           bytes);
+    }
     const dshim_gpu_runtime_t *rt = dshim_gpu_runtime();
     if (!rt) {
         return dshim_error(DSHIM_ERR_UNSUPPORTED, "copying a device buffer: no CUDA runtime in this process");

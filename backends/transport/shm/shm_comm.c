@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -73,11 +74,22 @@ dshim_status_t dshim_shm_comm_setup(const dshim_transport_comm_t *comm, void **s
     dshim_status_t st =
         dshim_shm_seg_create(sc->dir, name, comm->size, sc->ring_size, SHM_HOLDS_AREA(comm->rank), &sc->inbox);
     if (st != DSHIM_OK) {
-        DSHIM_WARN("rank %d: shared memory unavailable (%s); using TCP between local ranks", comm->rank,
-                   dshim_last_error());
-        addr[0] = 0;
+        pthread_mutex_destroy(&sc->inbox_lock);
         free(peer_inbox);
         free(sc);
+        if (!strcasecmp(cfg->transport, "shm")) {
+            /* shm was demanded: no quiet TCP; init fails with this line
+             * (where, how much, how to fix) */
+            return dshim_error(st, "rank %d: DSHIM_TRANSPORT=shm but %s", comm->rank, dshim_last_error());
+        }
+        /* The rule that keeps both ends of every pair agreed: a rank without
+         * an inbox publishes none (addr ""), and reaches() is false on both
+         * ends of a pair where either published none, so this rank talks TCP
+         * with every rank of its host, and they with it; the host gate needs
+         * every rank's inbox, so no rank of this communicator uses it.  One
+         * line per rank that falls back. */
+        DSHIM_WARN("rank %d: shared memory unavailable, using TCP between this rank and the others of its host "
+                   "(%s)", comm->rank, dshim_last_error());
         return DSHIM_OK;
     }
     if (cfg->shm_cma) {

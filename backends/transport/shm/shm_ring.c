@@ -134,25 +134,61 @@ static void seg_free(dshim_shm_seg_t *seg)
     free(seg);
 }
 
-/* tmpfs hands out pages at first touch and raises SIGBUS when it is full, so
- * a /dev/shm too small for the rings (64 MiB in a default docker container)
- * would crash mid-job.  Checking up front turns that into an error message;
- * it is a hint, not a reservation (other processes may fill it later). */
-static dshim_status_t check_space(const char *dir, size_t bytes)
+/* Bytes free in dir, or -1 when it cannot be stat'ed (the message only). */
+static long long free_bytes(const char *dir)
 {
     struct statvfs vfs;
     if (statvfs(dir, &vfs) != 0) {
-        return dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot stat directory %s: %s: set DSHIM_SHM_DIR to an "
-                                             "existing tmpfs directory", dir, strerror(errno));
+        return -1;
     }
-    unsigned long long avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
-    if (avail < bytes) {
-        return dshim_error(DSHIM_ERR_SYSTEM,
-                           "shm: %s has %llu bytes free but a segment needs %zu: enlarge it (docker run "
-                           "--shm-size), point DSHIM_SHM_DIR elsewhere or lower DSHIM_SHM_RING_SIZE",
-                           dir, avail, bytes);
+    return (long long)vfs.f_bavail * (long long)vfs.f_frsize;
+}
+
+/* The one-line error for a segment that does not fit: where, how much, and
+ * the three ways out (every rank of the host needs one such segment, rank
+ * 0's with the host area in it). */
+static dshim_status_t no_space(const dshim_shm_seg_t *seg, const char *dir, int err)
+{
+    long long avail = free_bytes(dir);
+    char freebuf[64] = "unknown";
+    if (avail >= 0) {
+        snprintf(freebuf, sizeof(freebuf), "%.1f MiB", (double)avail / 1048576.0);
     }
-    return DSHIM_OK;
+    /* quiet: the caller's line (a fallback's warning, or init's failure)
+     * carries it, so it is printed once */
+    return dshim_error_quiet(DSHIM_ERR_SYSTEM,
+                             "shm: cannot reserve %.1f MiB (%zu bytes: %d rings of %zu bytes%s) in %s (%s free): "
+                             "%s: enlarge it (docker run --shm-size), point DSHIM_SHM_DIR at a larger tmpfs, or "
+                             "lower DSHIM_SHM_RING_SIZE",
+                             (double)seg->map_bytes / 1048576.0, seg->map_bytes, seg->nrings, seg->ring_size,
+                             seg->area_bytes ? " and the host area" : "", dir, freebuf, strerror(err));
+}
+
+/* posix_fallocate of the whole file; 0 or its error number.  tmpfs takes
+ * the pages one by one and gives them back when it runs out, so the ranks
+ * of a host reserving at once see each other's attempts: one that cannot
+ * fit would, while it fails, hold pages that another needed.  Hence: no
+ * attempt while the free space is short (the rest of the ranks keep it),
+ * and after ENOSPC another try, a few times, while the space is there
+ * again (what a failed attempt held came back). */
+static int reserve(int fd, const char *dir, size_t bytes)
+{
+    int rc = ENOSPC;
+    for (int attempt = 0; attempt < 5; attempt++) {
+        long long avail = free_bytes(dir);
+        if (avail >= 0 && (unsigned long long)avail < bytes) {
+            return ENOSPC;
+        }
+        do {
+            rc = posix_fallocate(fd, 0, (off_t)bytes);
+        } while (rc == EINTR);
+        if (rc != ENOSPC) {
+            return rc;
+        }
+        struct timespec ts = {0, 1000000L * (attempt + 1) + (long)(getpid() % 1000) * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return rc;
 }
 
 dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nrings, size_t ring_size, int host_area,
@@ -164,40 +200,44 @@ dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nring
     *seg_p = NULL;
     DSHIM_CHECK(check_geometry(dir, name, nrings, ring_size));
     DSHIM_CHECK(seg_alloc(dir, name, nrings, ring_size, host_area, &seg));
-    st = check_space(dir, seg->map_bytes);
-    if (st != DSHIM_OK) {
-        seg_free(seg);
-        return st;
-    }
     /* O_EXCL: never adopt a file someone else made (a stale segment of a
      * crashed job, or a file planted in the world-writable /dev/shm). */
     int fd = open(seg->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         int err = errno;
-        st = dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot create segment %s: %s%s", seg->path, strerror(err),
-                         err == EEXIST ? " (left by a crashed job? remove it or change DSHIM_SHM_DIR)" : "");
+        /* quiet, as every failure of create: the caller's one line carries it */
+        st = dshim_error_quiet(DSHIM_ERR_SYSTEM, "shm: cannot create segment %s: %s%s", seg->path, strerror(err),
+                               err == EEXIST ? " (left by a crashed job? remove it or change DSHIM_SHM_DIR)" : "");
         seg_free(seg);
         return st;
     }
     seg->owner = 1;
-    if (ftruncate(fd, (off_t)seg->map_bytes) != 0) {
-        st = dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot size segment %s to %zu bytes: %s", seg->path,
-                         seg->map_bytes, strerror(errno));
+    /* Reserve every page now (as NCCL does): tmpfs hands out pages at first
+     * touch and raises SIGBUS when it has none left, so a sparse file (the
+     * ftruncate of before, after a statvfs check that every rank passed on
+     * its own) let the ranks of a host overcommit a small /dev/shm together
+     * and crash on their first large message.  On tmpfs posix_fallocate
+     * really allocates the pages (and undoes a partial allocation), so a
+     * segment that exists can be touched anywhere, by its owner and by every
+     * peer that maps it.  It returns the error number (errno is untouched). */
+    int rc = reserve(fd, dir, seg->map_bytes);
+    if (rc != 0) {
+        st = no_space(seg, dir, rc);
         goto fail;
     }
-    /* No MAP_POPULATE: most rings of a large job carry little traffic, and
-     * pages of the ones that do are faulted in on first use. */
+    /* No MAP_POPULATE: the pages are reserved already; each process maps
+     * (page-table entries) only those it touches. */
     void *base = mmap(NULL, seg->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
-        st = dshim_error(DSHIM_ERR_SYSTEM, "shm: cannot map segment %s (%zu bytes): %s", seg->path,
-                         seg->map_bytes, strerror(errno));
+        st = dshim_error_quiet(DSHIM_ERR_SYSTEM, "shm: cannot map segment %s (%zu bytes): %s", seg->path,
+                               seg->map_bytes, strerror(errno));
         goto fail;
     }
     seg->base = base;
     seg->fd = fd; /* closed by seg_free: peers may open the file through it after the unlink */
     fd = -1;
 
-    /* ftruncate zero-filled everything: positions, doorbell and sleepers
+    /* posix_fallocate zero-filled everything: positions, doorbell and sleepers
      * start at 0.  The magic goes last so that a header that shows it is
      * complete. */
     shm_header_t *hdr = seg_header(seg);
