@@ -10,7 +10,7 @@
 # launch.py-style placement; a remote rank failing, SIGINT, a SIGKILLed worker
 # and a SIGKILLed launcher, each leaving no process anywhere; an unreachable
 # host; --sync-dst-dir with real rsync (and its failure); host:port lines and
-# a host named twice; no run leaving its /tmp/dshim-run-PID dir behind.
+# a host named twice; no run leaving its job directory ($TMPDIR/dshim-run.XXXXXX) behind.
 #
 # Every process of a case carries DSHIM_TEST_MARKER=<unique> in its
 # environment (dshim-run forwards it); "nothing left on any host" means no
@@ -65,6 +65,10 @@ now_ms() { local t=${EPOCHREALTIME/./}; echo $((t / 1000)); }
 
 work=$(mktemp -d /tmp/test_multihost.XXXXXX)
 chmod 755 "$work"
+# dshim-run makes its job directory (dshim-run.XXXXXX, named by mkdtemp) in $TMPDIR and hands its
+# name to every agent: here one only this test uses, so that case 9 can see what is left in it
+export TMPDIR=$work/tmp
+mkdir -m 700 "$TMPDIR"
 extra_dirs=()   # sync destinations (outside $work, as a user's would be)
 bg_tpid=""      # `timeout` wrapping a background dshim-run
 bg_name=""      # its case's output name
@@ -687,19 +691,17 @@ t_twice() {
         { echo "  GROUP_RANKs seen: $groups, expected 0 and 1"; return 1; }
 }
 
-# 9. no run left its per-job temp dir (TORCHELASTIC_ERROR_FILE's /tmp/dshim-run-PID)
-# behind; the test removes what it finds.
+# 9. no run left its job directory ($TMPDIR/dshim-run.XXXXXX: TORCHELASTIC_ERROR_FILE's, the
+# ranks' dumps) behind on any host (the hosts share this filesystem); the test removes what it finds.
 t_tmp_left() {
-    local entry pid name ok=0
-    for entry in "${runs[@]}"; do
-        pid=${entry%% *}
-        name=${entry#* }
-        if [ -e "/tmp/dshim-run-$pid" ]; then
-            echo "  $name left /tmp/dshim-run-$pid: $(cd /tmp && find "dshim-run-$pid" | tr '\n' ' ')"
-            rm -rf "/tmp/dshim-run-$pid"
-            ok=1
-        fi
-    done
+    local left ok=0
+    left=$(cd "$TMPDIR" && find . -mindepth 1 -maxdepth 1 -name 'dshim-run.*' | sort | tr '\n' ' ')
+    if [ -n "$left" ]; then
+        echo "  job directories left in $TMPDIR after ${#runs[@]} runs: $left"
+        (cd "$TMPDIR" && find . -path './dshim-run.*' | head -20 | sed 's/^/    /')
+        rm -rf "$TMPDIR"/dshim-run.*
+        ok=1
+    fi
     [ "${#runs[@]}" = 14 ] || { echo "  ${#runs[@]} runs recorded, expected 14"; ok=1; }
     return $ok
 }
@@ -728,7 +730,7 @@ check "7a --sync-dst-dir: job runs in the synced dir on every host" t_sync
 check "7b --sync-dst-dir that cannot be created: exit 2, nothing started" t_sync_fail
 check "8a host:22 lines" t_ports
 check "8b same host twice with --nnodes 2" t_twice
-check "9 no run left /tmp/dshim-run-PID behind" t_tmp_left
+check "9 no run left its job directory (\$TMPDIR/dshim-run.*) behind" t_tmp_left
 
 echo "timings:"
 printf '  %s\n' "${timings[@]}"
