@@ -29,6 +29,12 @@
  *    side makes the connection (shm: opens its inbox, reachable only through
  *    its process).  Errors are not reported here (connect reports them), and
  *    it may run while the other thread connects the same peer.
+ *  - reserve (optional): called by the accepting end of a handshake before
+ *    it connects, to secure what the pair's connection will use on both
+ *    ends (shm: the pages of the two rings, which a full tmpfs would answer
+ *    with SIGBUS at first touch).  On failure (a quiet one-line error: what,
+ *    how much, where, how to fix) the pair uses the fallback transport: the
+ *    accepting end says so in its answer, and both ends connect through it.
  *  - teardown (optional): frees the state, after every connection is gone.
  *  - host_area (optional; host-local transports): memory shared by the
  *    ranks of this host in the communicator, for the collectives they run
@@ -154,6 +160,7 @@ struct dshim_transport {
     int (*reaches)(void *state, const dshim_transport_peer_t *peer);
     dshim_status_t (*connect)(void *state, const dshim_transport_peer_t *peer, int fd, dshim_conn_t **conn_p);
     void (*prepare)(void *state, const dshim_transport_peer_t *peer);
+    dshim_status_t (*reserve)(void *state, const dshim_transport_peer_t *peer);
     void (*teardown)(void *state);
     dshim_status_t (*host_area)(void *state, const dshim_transport_peer_t *owner, void **area_p);
     int (*peer_reads)(void *state, const dshim_transport_peer_t *peer);

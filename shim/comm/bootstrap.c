@@ -22,7 +22,10 @@
  *  - OK: both ends make the connection through the transport the rule picks
  *    (DSHIM_TRANSPORT; transport.h "Registry") over that socket; the
  *    acceptor publishes its end right after it answered (the answer is the
- *    last handshake byte on the socket: data may follow it at once)
+ *    last handshake byte on the socket: data may follow it at once).  Before
+ *    it connects, the acceptor secures what the pair will use (transport.h
+ *    "reserve": shm's two rings); when that fails, its answer says
+ *    "fallback" and both ends connect through the fallback transport (tcp)
  * Simultaneous connects (r and q each need the other at the same moment):
  * the connection begun by the lower rank wins.  The acceptor of the lower
  * rank, finding its own handshake with that peer under way, answers LOSE;
@@ -54,7 +57,7 @@
 #include "status.h"
 
 #define HELLO_MAGIC 0x43485344u /* "DSHC" */
-#define HELLO_VERSION 2           /* 2: connections on first use, the answer after the reply's HELLO */
+#define HELLO_VERSION 3           /* 3: the answer says whether the pair takes the fallback transport */
 
 typedef struct hello {
     uint32_t magic;
@@ -76,7 +79,8 @@ enum {
 typedef struct hello_reply {
     hello_t hello;
     int32_t answer;
-    int32_t pad;
+    int32_t fallback; /* with OK: 1 = the accepting end could not reserve what the picked transport
+                       * needs (transport.h "reserve"), both ends connect through the fallback */
 } hello_reply_t;
 
 /* A handshake this rank began (comm->pending[r], executor only). */
@@ -241,15 +245,52 @@ static dshim_transport_peer_t peer_view(const dshim_comm_t *comm, int r)
 }
 
 /* The connection to peer r over the handshaken socket fd (owned by the
- * connection on success), through the transport the rule picks; both ends
- * pick the same one from the same records. */
-static dshim_status_t make_conn(dshim_comm_t *comm, int r, int fd, dshim_conn_t **conn_p)
+ * connection on success), through the transport the rule picks, or the
+ * fallback when the accepting end said so; both ends pick the same one from
+ * the same records and the answer. */
+static dshim_status_t make_conn(dshim_comm_t *comm, int r, int fd, int fallback, dshim_conn_t **conn_p)
 {
     dshim_transport_peer_t pv = peer_view(comm, r);
     int i = -1;
     DSHIM_CHECK(pick_transport(comm, comm->transports_allowed, comm->transport_named, &pv, &i));
+    if (fallback) {
+        i = dshim_transport_fallback();
+        pv.addr = comm->peers[r].transport_addr[i];
+    }
     dshim_net_set_nonblocking(fd, 1);
     return dshim_transport_at(i)->connect(comm->transport_state[i], &pv, fd, conn_p);
+}
+
+/* The accepting end, before it connects: what the pair's connection needs,
+ * secured (transport.h "reserve").  *fallback_p = 1 when it could not be and
+ * the fallback transport may carry the pair instead (one warning per
+ * communicator); an error when DSHIM_TRANSPORT named the transport or the
+ * fallback is not allowed.  conn_lock held (acceptor). */
+static dshim_status_t reserve_pair(dshim_comm_t *comm, int r, int *fallback_p)
+{
+    dshim_transport_peer_t pv = peer_view(comm, r);
+    int i = -1;
+    *fallback_p = 0;
+    DSHIM_CHECK(pick_transport(comm, comm->transports_allowed, comm->transport_named, &pv, &i));
+    const dshim_transport_t *t = dshim_transport_at(i);
+    if (!t->reserve || t->reserve(comm->transport_state[i], &pv) == DSHIM_OK) {
+        return DSHIM_OK;
+    }
+    int fb = dshim_transport_fallback();
+    char cause[768];
+    snprintf(cause, sizeof(cause), "%s", dshim_last_error());
+    if (comm->transport_named || !(comm->transports_allowed & (1u << fb))) {
+        return dshim_error(DSHIM_ERR_SYSTEM, "rank %d: DSHIM_TRANSPORT=%s but the connection with rank %d cannot "
+                           "have it: %s", comm->rank, t->name, r, cause);
+    }
+    if (!comm->reserve_warned) {
+        comm->reserve_warned = 1;
+        DSHIM_WARN("rank %d: %s; rank %d and this rank use %s instead (and so does every further pair this "
+                   "rank accepts that cannot have %s; this line is not repeated)", comm->rank, cause, r,
+                   dshim_transport_at(fb)->name, t->name);
+    }
+    *fallback_p = 1;
+    return DSHIM_OK;
 }
 
 /* Publishes the connection to r.  conn_lock held. */
@@ -308,7 +349,8 @@ static void answer_hello(dshim_comm_t *comm, int fd)
     } else if (comm->conn_state[r] == DSHIM_CONN_CONNECTING && comm->rank < r) {
         /* both began: the lower rank's connection (mine) wins */
         reply.answer = ANSWER_LOSE;
-    } else if (make_conn(comm, r, fd, &conn) != DSHIM_OK) {
+    } else if (reserve_pair(comm, r, &reply.fallback) != DSHIM_OK ||
+               make_conn(comm, r, fd, reply.fallback, &conn) != DSHIM_OK) {
         DSHIM_WARN("rank %d: cannot make the connection rank %d asked for: %s", comm->rank, r, dshim_last_error());
         reply.answer = ANSWER_ERROR;
     }
@@ -602,7 +644,7 @@ dshim_status_t dshim_comm_connect_poll(dshim_comm_t *comm, int r, int *done_p, i
             pc->phase = PC_WAIT_WINNER;
         } else {
             dshim_conn_t *conn = NULL;
-            dshim_status_t st = make_conn(comm, r, pc->fd, &conn);
+            dshim_status_t st = make_conn(comm, r, pc->fd, pc->reply.fallback != 0, &conn);
             if (st != DSHIM_OK) {
                 char cause[512];
                 snprintf(cause, sizeof(cause), "%s", dshim_last_error());

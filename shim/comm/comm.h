@@ -90,6 +90,7 @@ struct dshim_comm {
     char transport_desc[48];       /* "shm+tcp", "tcp", "self": the names of transports_used */
     unsigned transports_allowed;   /* DSHIM_TRANSPORT's registry entries (bit i = entry i) */
     int transport_named;           /* DSHIM_TRANSPORT named one transport (not auto) */
+    int reserve_warned;            /* the acceptor warned of a pair sent to the fallback transport */
     uint64_t hello_hash;           /* token + prefix hash every handshake carries */
 
     /* connections on first use (bootstrap.c): the data listener stays open

@@ -96,7 +96,7 @@ def store_client_seeds():
     write(s, "add_short", client([3], ack() + reply(OK, 1, b"12")))
 
 
-# ---- bootstrap: u8 size, u8 rank, then 24-byte hellos, version 2 (host byte order: x86-64) ----
+# ---- bootstrap: u8 size, u8 rank, then 24-byte hellos, version 3 (host byte order: x86-64) ----
 def token_hash(token, prefix):
     h = 1469598103934665603
     m = (1 << 64) - 1
@@ -111,7 +111,7 @@ def token_hash(token, prefix):
 TH = token_hash(TOKEN, b"c0/")
 
 
-def dhello(rank, size, th=TH, magic=0x43485344, version=2):
+def dhello(rank, size, th=TH, magic=0x43485344, version=3):
     return struct.pack("<IIQii", magic, version, th, rank, size)
 
 
@@ -121,7 +121,7 @@ def bootstrap_seeds():
     write(s, "valid_8_rank_4", bytes([6, 4]) + dhello(7, 8) + dhello(5, 8) + dhello(6, 8))
     write(s, "wrong_token", bytes([0, 0]) + dhello(1, 2, th=token_hash(b"other", b"c0/")))
     write(s, "not_a_hello", bytes([0, 0]) + b"GET / HTTP/1.0\r\n\r\nxxxxxx")
-    write(s, "bad_version", bytes([0, 0]) + dhello(1, 2, version=1))
+    write(s, "bad_version", bytes([0, 0]) + dhello(1, 2, version=2))
     write(s, "short", bytes([1, 0]) + dhello(1, 3)[:10])
     write(s, "rank_misfit", bytes([2, 1]) + dhello(1, 4) + dhello(4, 4) + dhello(-1, 4) + dhello(2, 5))
     write(s, "duplicate", bytes([2, 0]) + dhello(2, 4) + dhello(2, 4))

@@ -153,6 +153,17 @@ void dshim_shm_comm_prepare(void *state, const dshim_transport_peer_t *peer)
     }
 }
 
+dshim_status_t dshim_shm_comm_reserve(void *state, const dshim_transport_peer_t *peer)
+{
+    shm_comm_t *sc = state;
+    char what[96];
+    DSHIM_CHECK(hold_inbox(sc, peer, NULL));
+    /* the ring rank `peer` writes into in my inbox, and the one I write into in its */
+    snprintf(what, sizeof(what), "a ring between ranks %d and %d", sc->rank, peer->rank);
+    DSHIM_CHECK(dshim_shm_seg_reserve_ring(sc->inbox, peer->rank, sc->dir, what));
+    return dshim_shm_seg_reserve_ring(sc->peer_inbox[peer->rank], sc->rank, sc->dir, what);
+}
+
 dshim_status_t dshim_shm_comm_connect(void *state, const dshim_transport_peer_t *peer, int fd,
                                       dshim_conn_t **conn_p)
 {

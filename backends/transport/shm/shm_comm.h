@@ -15,6 +15,7 @@ int dshim_shm_comm_peer_reads(void *state, const dshim_transport_peer_t *peer);
 dshim_status_t dshim_shm_comm_connect(void *state, const dshim_transport_peer_t *peer, int fd,
                                       dshim_conn_t **conn_p);
 void dshim_shm_comm_prepare(void *state, const dshim_transport_peer_t *peer);
+dshim_status_t dshim_shm_comm_reserve(void *state, const dshim_transport_peer_t *peer);
 void dshim_shm_comm_teardown(void *state);
 dshim_status_t dshim_shm_comm_host_area(void *state, const dshim_transport_peer_t *owner, void **area_p);
 uint32_t dshim_shm_comm_wait_arm(void *state);

@@ -200,6 +200,7 @@ const dshim_transport_t dshim_transport_shm = {
     .reaches     = dshim_shm_comm_reaches,
     .connect     = dshim_shm_comm_connect,
     .prepare     = dshim_shm_comm_prepare,
+    .reserve     = dshim_shm_comm_reserve,
     .teardown    = dshim_shm_comm_teardown,
     .host_area   = dshim_shm_comm_host_area,
     .peer_reads  = dshim_shm_comm_peer_reads,

@@ -144,34 +144,31 @@ static long long free_bytes(const char *dir)
     return (long long)vfs.f_bavail * (long long)vfs.f_frsize;
 }
 
-/* The one-line error for a segment that does not fit: where, how much, and
- * the three ways out (every rank of the host needs one such segment, rank
- * 0's with the host area in it). */
-static dshim_status_t no_space(const dshim_shm_seg_t *seg, const char *dir, int err)
+/* The one-line error for pages that could not be reserved: what, how much,
+ * where, and the three ways out. */
+static dshim_status_t no_space(const char *what, size_t bytes, const char *dir, int err)
 {
     long long avail = free_bytes(dir);
     char freebuf[64] = "unknown";
     if (avail >= 0) {
         snprintf(freebuf, sizeof(freebuf), "%.1f MiB", (double)avail / 1048576.0);
     }
-    /* quiet: the caller's line (a fallback's warning, or init's failure)
-     * carries it, so it is printed once */
+    /* quiet: the caller's line (a fallback's warning, or the failure) carries
+     * it, so it is printed once */
     return dshim_error_quiet(DSHIM_ERR_SYSTEM,
-                             "shm: cannot reserve %.1f MiB (%zu bytes: %d rings of %zu bytes%s) in %s (%s free): "
-                             "%s: enlarge it (docker run --shm-size), point DSHIM_SHM_DIR at a larger tmpfs, or "
-                             "lower DSHIM_SHM_RING_SIZE",
-                             (double)seg->map_bytes / 1048576.0, seg->map_bytes, seg->nrings, seg->ring_size,
-                             seg->area_bytes ? " and the host area" : "", dir, freebuf, strerror(err));
+                             "shm: cannot reserve %.1f MiB (%s) in %s (%s free): %s: enlarge it (docker run "
+                             "--shm-size), point DSHIM_SHM_DIR at a larger tmpfs, or lower DSHIM_SHM_RING_SIZE",
+                             (double)bytes / 1048576.0, what, dir, freebuf, strerror(err));
 }
 
-/* posix_fallocate of the whole file; 0 or its error number.  tmpfs takes
- * the pages one by one and gives them back when it runs out, so the ranks
- * of a host reserving at once see each other's attempts: one that cannot
- * fit would, while it fails, hold pages that another needed.  Hence: no
- * attempt while the free space is short (the rest of the ranks keep it),
- * and after ENOSPC another try, a few times, while the space is there
- * again (what a failed attempt held came back). */
-static int reserve(int fd, const char *dir, size_t bytes)
+/* posix_fallocate of [off, off + bytes); 0 or its error number.  tmpfs
+ * takes the pages one by one and gives them back when it runs out, so ranks
+ * reserving at once see each other's attempts: one that cannot fit would,
+ * while it fails, hold pages that another needed.  Hence: no attempt while
+ * the free space is short (the others keep it), and after ENOSPC another
+ * try, a few times, while the space is there again (what a failed attempt
+ * held came back). */
+static int reserve(int fd, const char *dir, off_t off, size_t bytes)
 {
     int rc = ENOSPC;
     for (int attempt = 0; attempt < 5; attempt++) {
@@ -180,7 +177,7 @@ static int reserve(int fd, const char *dir, size_t bytes)
             return ENOSPC;
         }
         do {
-            rc = posix_fallocate(fd, 0, (off_t)bytes);
+            rc = posix_fallocate(fd, off, (off_t)bytes);
         } while (rc == EINTR);
         if (rc != ENOSPC) {
             return rc;
@@ -212,21 +209,29 @@ dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nring
         return st;
     }
     seg->owner = 1;
-    /* Reserve every page now (as NCCL does): tmpfs hands out pages at first
-     * touch and raises SIGBUS when it has none left, so a sparse file (the
-     * ftruncate of before, after a statvfs check that every rank passed on
-     * its own) let the ranks of a host overcommit a small /dev/shm together
-     * and crash on their first large message.  On tmpfs posix_fallocate
-     * really allocates the pages (and undoes a partial allocation), so a
-     * segment that exists can be touched anywhere, by its owner and by every
-     * peer that maps it.  It returns the error number (errno is untouched). */
-    int rc = reserve(fd, dir, seg->map_bytes);
-    if (rc != 0) {
-        st = no_space(seg, dir, rc);
+    /* tmpfs hands out pages at first touch and raises SIGBUS when it has
+     * none left, so every page dshim touches is reserved first
+     * (posix_fallocate: on tmpfs it really allocates, and undoes a partial
+     * allocation; it returns the error number, errno is untouched).  Here
+     * the header and the host area, which every peer of the host touches;
+     * the rings are reserved pair by pair when a connection is made
+     * (dshim_shm_seg_reserve_ring): a rank holds one ring per rank of the
+     * communicator, most of which a job never uses (peers on other hosts,
+     * peers an algorithm never talks to), and reserving them all would cost
+     * a host N^2 rings of /dev/shm at start-up. */
+    if (ftruncate(fd, (off_t)seg->map_bytes) != 0) {
+        st = dshim_error_quiet(DSHIM_ERR_SYSTEM, "shm: cannot size segment %s to %zu bytes: %s", seg->path,
+                               seg->map_bytes, strerror(errno));
         goto fail;
     }
-    /* No MAP_POPULATE: the pages are reserved already; each process maps
-     * (page-table entries) only those it touches. */
+    int rc = reserve(fd, dir, 0, rings_offset(seg->area_bytes));
+    if (rc != 0) {
+        st = no_space(seg->area_bytes ? "its header and the host gate's area" : "its header",
+                      rings_offset(seg->area_bytes), dir, rc);
+        goto fail;
+    }
+    /* No MAP_POPULATE: each process maps (page-table entries) only the pages
+     * it touches. */
     void *base = mmap(NULL, seg->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
         st = dshim_error_quiet(DSHIM_ERR_SYSTEM, "shm: cannot map segment %s (%zu bytes): %s", seg->path,
@@ -237,8 +242,7 @@ dshim_status_t dshim_shm_seg_create(const char *dir, const char *name, int nring
     seg->fd = fd; /* closed by seg_free: peers may open the file through it after the unlink */
     fd = -1;
 
-    /* posix_fallocate zero-filled everything: positions, doorbell and sleepers
-     * start at 0.  The magic goes last so that a header that shows it is
+    /* A new file reads as zeros: positions, doorbell and sleepers start at 0.  The magic goes last so that a header that shows it is
      * complete. */
     shm_header_t *hdr = seg_header(seg);
     hdr->version = DSHIM_SHM_VERSION;
@@ -392,6 +396,27 @@ dshim_status_t dshim_shm_seg_ring(dshim_shm_seg_t *seg, int index, dshim_shm_rin
     ring_p->size = seg->ring_size;
     ring_p->mask = seg->ring_size - 1;
     return DSHIM_OK;
+}
+
+dshim_status_t dshim_shm_seg_reserve_ring(dshim_shm_seg_t *seg, int index, const char *dir, const char *what)
+{
+    if (seg == NULL || index < 0 || index >= seg->nrings) {
+        return dshim_error(DSHIM_ERR_INVALID, "shm: ring %d does not exist in segment %s", index,
+                           seg ? seg->path : "(null)");
+    }
+    /* a peer's segment: opened again through its owner's descriptor (the
+     * mapping's was closed after mmap) */
+    int fd = seg->fd >= 0 ? seg->fd : open(seg->path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        return dshim_error_quiet(DSHIM_ERR_SYSTEM, "shm: cannot open segment %s to reserve %s: %s", seg->path,
+                                 what, strerror(errno));
+    }
+    size_t stride = ring_stride(seg->ring_size);
+    int rc = reserve(fd, dir, (off_t)(rings_offset(seg->area_bytes) + (size_t)index * stride), stride);
+    if (fd != seg->fd) {
+        close(fd);
+    }
+    return rc == 0 ? DSHIM_OK : no_space(what, stride, dir, rc);
 }
 
 size_t dshim_shm_seg_ring_size(const dshim_shm_seg_t *seg)

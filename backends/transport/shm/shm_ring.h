@@ -50,6 +50,12 @@ void dshim_shm_seg_detach(dshim_shm_seg_t *seg);
  * bytes; NULL when it was made without one. */
 void *dshim_shm_seg_host_area(dshim_shm_seg_t *seg);
 
+/* Reserves the pages of ring `index` (posix_fallocate through the owner's
+ * descriptor), so that touching it can never raise SIGBUS on a full tmpfs.
+ * Idempotent.  On failure a quiet one-line error naming `what`, the size,
+ * dir (the shm directory, for the message) and the ways out. */
+dshim_status_t dshim_shm_seg_reserve_ring(dshim_shm_seg_t *seg, int index, const char *dir, const char *what);
+
 /* Connection my_rank <-> peer_rank (process peer_pid, for single-copy
  * reads).  Sends go to peer_inbox's ring number my_rank; receives come from
  * my_inbox's ring number peer_rank.  The connection takes ownership of
