@@ -67,20 +67,25 @@ static int group_of(const sched_node_t *n)
     return n->hello.role == DSHIM_PS_SERVER ? DSHIM_PS_GROUP_SERVERS : DSHIM_PS_GROUP_WORKERS;
 }
 
-/* Tell every live node that `dead` died, with the reason. */
-static void announce_death(const dshim_ps_env_t *env, sched_node_t *nodes, int total, sched_node_t *dead,
-                           const char *why)
+/* Tell every live node that `n` ended the job and how ("died", "ended with
+ * an error"), with the reason; the text goes to out too (for the
+ * scheduler's own error). */
+static void announce_end(const dshim_ps_env_t *env, sched_node_t *nodes, int total, sched_node_t *n, const char *how,
+                         const char *why, char *out, size_t out_len)
 {
     char who[160], text[448];
-    describe(dead, who, sizeof(who));
-    snprintf(text, sizeof(text), "%s died: %s; the job cannot go on", who, why);
+    describe(n, who, sizeof(who));
+    snprintf(text, sizeof(text), "%s %s: %s; the job cannot go on", who, how, why);
     fprintf(stderr, "[dshim-ps scheduler] %s\n", text);
     dshim_ps_hdr_t h;
-    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_DEAD, group_of(dead), strlen(text));
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_DEAD, group_of(n), strlen(text));
     for (int i = 0; i < total; i++) {
-        if (&nodes[i] != dead && nodes[i].fd >= 0 && !nodes[i].bye) {
+        if (&nodes[i] != n && nodes[i].fd >= 0 && !nodes[i].bye) {
             dshim_ps_send(nodes[i].fd, &h, text, dshim_now() + 2);
         }
+    }
+    if (out != NULL) {
+        snprintf(out, out_len, "%s", text);
     }
     (void)env;
 }
@@ -486,8 +491,9 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
             dshim_ps_hdr_t h;
             dshim_status_t r = dshim_ps_recv_hdr(n->fd, &h, dshim_now() + 10);
             if (r != DSHIM_OK) {
-                announce_death(env, nodes, total, n, "its connection to the scheduler closed without a goodbye "
-                               "(the process crashed, was killed or exited before the kvstore was freed)");
+                announce_end(env, nodes, total, n, "died",
+                             "its connection to the scheduler closed without a goodbye (the process crashed, was "
+                             "killed or exited before the kvstore was freed)", NULL, 0);
                 char who[160];
                 describe(n, who, sizeof(who));
                 st = dshim_error(DSHIM_ERR_PEER, "dshim ps scheduler: %s died", who);
@@ -506,17 +512,8 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
                     why[0] = '\0';
                 }
                 why[k] = '\0';
-                char who[160], text[448];
-                describe(n, who, sizeof(who));
-                snprintf(text, sizeof(text), "%s ended with an error: %s; the job cannot go on", who, why);
-                fprintf(stderr, "[dshim-ps scheduler] %s\n", text);
-                dshim_ps_hdr_t d;
-                dshim_ps_hdr_init(&d, DSHIM_PS_MSG_DEAD, group_of(n), strlen(text));
-                for (int j = 0; j < total; j++) {
-                    if (&nodes[j] != n && nodes[j].fd >= 0 && !nodes[j].bye) {
-                        dshim_ps_send(nodes[j].fd, &d, text, dshim_now() + 2);
-                    }
-                }
+                char text[448];
+                announce_end(env, nodes, total, n, "ended with an error", why, text, sizeof(text));
                 st = dshim_error(DSHIM_ERR_PEER, "dshim ps scheduler: %s", text);
                 if (watch.ring != NULL) {
                     dshim_trace_dump_all("peer", dshim_last_error());

@@ -1,4 +1,4 @@
-"""dshim-run against another local user (issue 36 items 3 and 6; docs/reliability.md "Another local user").
+"""dshim-run against another local user (docs/reliability.md "Another local user").
 
 - hostile: a second user (useradd here, userdel after, also on failure) plants directories and
   symbolic links at every path an older dshim-run used in /tmp (/tmp/dshim-run-<pid> for the next
@@ -110,7 +110,6 @@ def test_other_user_cannot_redirect_or_read(other_user, run, write_script, workd
     try:
         r = as_user(pw, ["sh", "-c", "\n".join(plant)], timeout=30)
         assert r.returncode == 0, r.stderr
-        before = set(os.listdir("/tmp"))
         res = run(["--nproc-per-node", "2", "--log-dir", shared, "--timeline", timeline,
                    VENV_BIN / "python", script], timeout=90)
         text = res.out + res.err
@@ -134,10 +133,8 @@ def test_other_user_cannot_redirect_or_read(other_user, run, write_script, workd
             for dirpath, dirs, files in os.walk(d):
                 for n in dirs + files:
                     assert os.lstat(os.path.join(dirpath, n)).st_uid != 0, f"the job wrote into {d}: {n}"
-        # and its own job directory is gone
-        left = [n for n in set(os.listdir("/tmp")) - before
-                if n.startswith("dshim-run") and os.lstat(f"/tmp/{n}").st_uid == 0 and not n.startswith("dshim-run-user")]
-        assert not left, f"left in /tmp: {left}"
+        # that its own job directory is gone is checked where no other test shares its TMPDIR
+        # (test_diagnose.py, test_multihost.sh case 9): tests running beside this one make theirs in /tmp
         no_leftovers()
     finally:
         for p in planted:

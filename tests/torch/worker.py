@@ -861,14 +861,8 @@ def sc_single():
 
 def _own_ipv4_listeners():
     """[(address, port)] of the IPv4 sockets this process listens on."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
+    from dshim import _comm
+    inodes = _comm._own_sockets()   # socket inodes of this process's descriptors
     found = []
     with open("/proc/self/net/tcp") as f:
         for line in f.readlines()[1:]:
