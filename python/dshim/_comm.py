@@ -28,6 +28,7 @@ import os
 import queue
 import secrets
 import socket
+import sys
 import threading
 import time
 
@@ -384,7 +385,6 @@ class _StoreRelease:
     group's timeout (at most _WAIT_MAX_S)."""
 
     _WAIT_MAX_S = 60.0
-    _KEPT_AFTER_S = 0.5   # rank 0: still listening this long after its destroy = the script keeps it
 
     @staticmethod
     def serves(store):
@@ -395,30 +395,19 @@ class _StoreRelease:
             return "-"
         return "S" if any(st == "0A" for st, _ in _tcp_sockets(port, 1)) else "-"
 
-    @classmethod
-    def host_released(cls, store, token):
-        """Rank 0, after its destroy: a thread that tells the others when the store stays up."""
+    @staticmethod
+    def host_released(store, token):
+        """Rank 0, in its destroy: says so when the script itself holds the store.  pybind11 hands
+        out the one Python object of a C++ store while any Python reference to it lives, so a
+        store torch made (env://, tcp://: dropped when init_process_group returned) comes back as
+        a new object that only this function holds, and a store the script made and passed
+        (store=...) comes back as the script's own, with the script's references on it."""
         bottom = _bottom_store(store)
-        host, port = getattr(bottom, "host", None), getattr(bottom, "port", None)
-        listening = {ino for st, ino in _tcp_sockets(port, 1) if st == "0A"} if isinstance(port, int) else set()
-        if not listening or not isinstance(host, str):
-            return
-        del store, bottom   # the thread must not keep the store alive
-
-        def watch():
-            deadline = time.monotonic() + cls._KEPT_AFTER_S
-            while time.monotonic() < deadline:
-                if not listening & {ino for st, ino in _tcp_sockets(port, 1) if st == "0A"}:
-                    return   # closed: the others see it close
-                time.sleep(0.005)
+        if sys.getrefcount(bottom) > 2:   # this local and getrefcount's argument are the 2
             try:
-                client = torch.distributed.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                                                    timeout=datetime.timedelta(seconds=5))
-                client.set(f"dshim/torch_store_kept/{token}", "1")
+                bottom.set(f"dshim/torch_store_kept/{token}", "1")
             except Exception as e:
                 log.debug("dshim: telling the other ranks that the torch store stays up: %s", e)
-
-        threading.Thread(target=watch, name="dshim-store-release", daemon=True).start()
 
     @classmethod
     def wait_released(cls, store, token, rank, timeout_s):

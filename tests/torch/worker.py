@@ -572,6 +572,23 @@ def sc_group_order_overlap():
     _expect_group_order_error(lambda: [dist.new_group(order[0]), dist.new_group(order[1])])
 
 
+def sc_reinit_own_store():
+    """The script makes the TCPStore and passes it (store=...) to each of three inits: it outlives
+    every destroy, so no rank waits in destroy for it to close."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), N, RANK == 0,
+                          datetime.timedelta(seconds=60))
+    for i in range(3):
+        dist.init_process_group("dshim", store=store, rank=RANK, world_size=N)
+        t = torch.ones(3) * (RANK + 1)
+        dist.all_reduce(t)
+        same(f"round {i} all_reduce", t, torch.full((3,), float(N * (N + 1) // 2)))
+        t0 = time.monotonic()
+        dist.destroy_process_group()
+        took = time.monotonic() - t0
+        if took > 5:
+            fail(f"round {i} destroy_process_group", f"took {took:.1f} s with a store the script keeps")
+
+
 def sc_root_logger():
     """An application's root logger at INFO (logging.basicConfig) must not show dshim's lines:
     gloo prints nothing there; DSHIM_DEBUG governs dshim's own."""
