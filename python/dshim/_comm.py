@@ -222,20 +222,22 @@ def _conflict(group, absent):
             f"found rank {bad[0]} in another group under the same name or count: {logs}")
 
 
-_JOIN_POLL_S = (0.002, 0.1)   # first and longest pause between two looks at the store
-_CONFLICT_EVERY_S = 0.5       # how often the members' creation logs are read while some are absent
+_JOIN_SLICE_S = 1.0   # how long one wait() in the store lasts; who is missing is looked at after each
 
 
 def _wait_joined(store, group, rank, size, timeout_s):
     """Waits until every member has reached this group's rendezvous; on timeout an error naming
     the ranks that never did (not only "timeout"), on a creation-order conflict (found here or by
-    another rank) that conflict, at once.
+    another rank) that conflict.
 
     This timeout stays in Python: the wait is in torch's store, before any dshim
-    communicator (and so the C core's timeout) exists.  It looks with check(), never with
-    wait(): torch logs a warning for every wait() that times out.
+    communicator (and so the C core's timeout) exists.  It waits in the store (woken as the
+    last key is set) in slices of _JOIN_SLICE_S; only a member late by a slice makes it look
+    further: at who is missing, at the conflict verdict in the job's store, and at the missing
+    members' creation logs.  So a conflict fails the ranks within about a slice, and a
+    rendezvous where everyone comes in time costs no more than the wait.
 
-    Notes who is missing after each look: the torch store lives in rank 0's process, and when
+    Notes who is missing after each slice: the torch store lives in rank 0's process, and when
     rank 0 gives up first (its TCPStore waits for the same missing ranks with the same
     timeout) the store is gone by the time this rank's own timeout expires -- the last list
     seen is still the answer."""
@@ -243,20 +245,22 @@ def _wait_joined(store, group, rank, size, timeout_s):
     deadline = start + timeout_s
     keys = [group.joined_key(r) for r in range(size)]
     conflict_key = f"{_CONFLICT_KEY}/{group.epoch}"
-    pause = _JOIN_POLL_S[0]
-    next_conflict_look = start
     missing = None
+    error = None
     while True:
+        left = deadline - time.monotonic()
         try:
-            now_missing = [] if store.check(keys) else [r for r, k in enumerate(keys) if not store.check([k])]
-        except Exception as e:   # the store is gone: the last list is the answer
-            _rendezvous_failed(rank, size, missing, timeout_s, start, e)
-        if not now_missing:
+            store.wait(keys, datetime.timedelta(seconds=max(0.01, min(left, _JOIN_SLICE_S))))
             return
-        missing = now_missing
-        now = time.monotonic()
-        if group.world is not None and not group.default and now >= next_conflict_look:
-            next_conflict_look = now + _CONFLICT_EVERY_S
+        except Exception as e:
+            error = e
+        try:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        except Exception:   # the store is gone: the last list is the answer
+            _rendezvous_failed(rank, size, missing, timeout_s, start, error)
+        if not missing:
+            return
+        if group.world is not None and not group.default:
             verdict = None
             try:
                 w = group.world
@@ -270,10 +274,8 @@ def _wait_joined(store, group, rank, size, timeout_s):
                 pass
             if verdict is not None:
                 raise RuntimeError(f"dshim: rank {rank}/{size} (job rank {group.me}): {verdict}") from None
-        if now >= deadline:
-            _rendezvous_failed(rank, size, missing, timeout_s, None, None)
-        time.sleep(min(pause, max(0.0, deadline - now)))
-        pause = min(pause * 2, _JOIN_POLL_S[1])
+        if time.monotonic() >= deadline:
+            _rendezvous_failed(rank, size, missing, timeout_s, None, error)
 
 
 def _rendezvous_failed(rank, size, missing, timeout_s, gone_since, error):
