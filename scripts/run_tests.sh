@@ -30,8 +30,9 @@ build_variant() {  # dir, sanitizer
 stage "normal build: unit, preload, conformance, failure, gpu, torch, nccl, mxnet, launcher, install"
 # gpu tests skip themselves (exit code 77) on machines without a GPU.  Four slots on two cores: this
 # stage's tests mostly wait (timeouts they provoke, stopped processes, the soak's fixed 3 minutes,
-# sleeps in launched jobs): at two slots they kept about half a core busy (2026-11-29: 12 min of CPU in
-# 22 min).  The long ones carry a COST so that they start first.
+# sleeps in launched jobs): at two slots they kept about half a core busy (12 min of CPU in
+# 22 min).  The long ones carry a COST so that they start first, and those whose jobs keep several ranks
+# computing count as two slots (PROCESSORS 2): at most two of them run at once.
 NORMAL_JOBS=${NORMAL_JOBS:-$((JOBS * 2))}
 (cd "$BUILD" && ctest --output-on-failure -j"$NORMAL_JOBS" -LE peer --timeout 1500) || failed+=("normal")
 

@@ -1,4 +1,4 @@
-"""The unmodified DDP example and FSDP over dshim, and what bad input does (issue 6, "How it is checked").
+"""The unmodified DDP example and FSDP over dshim, and what bad input does.
 
 - examples/ddp_train.py --steps 50 on 2 and 4 processes, all started by dshim-run:
   (a) --backend gloo with --no-preload: torch's own gloo, the reference (dshim-run --no-preload sets
@@ -236,7 +236,8 @@ def max_diffs(ref, got):
 TOL = {2: 0.0, 4: 5e-3}
 
 
-@pytest.mark.timeout(300)
+# three jobs, each bounded by run_job's 150 s: the test's own bound is theirs, not a tighter guess
+@pytest.mark.timeout(3 * 150 + 30)
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_ddp_example_gloo_dshim_takeover(nproc, marker, tmp_path):
     params, outs, stats = {}, {}, {}
