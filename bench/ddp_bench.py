@@ -44,8 +44,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 SECTION = "## PyTorch DDP: dshim vs gloo"
-TARGET_STEP = 0.7    # issue 6: DDP step time dshim <= 0.7 x gloo
-TARGET_TINY = 0.5    # issue 6: a no-op-sized collective dshim <= 0.5 x gloo
+TARGET_STEP = 0.7    # DDP step time dshim <= 0.7 x gloo
+TARGET_TINY = 0.5    # a no-op-sized collective dshim <= 0.5 x gloo
 NAMES = ("dshim", "gloo")
 WHO = ("main", "dshim threads", "dshim completion", "gloo threads", "other")
 

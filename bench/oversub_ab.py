@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where the time goes when ranks outnumber cores: dshim-bench under several
-settings and OpenMPI, interleaved in one run (issue 20; docs/benchmarks.md,
+settings and OpenMPI, interleaved in one run (docs/benchmarks.md,
 "Ranks outnumber cores").
 
     python3 bench/oversub_ab.py --build build --np 4 --transport shm \\

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The flight recorder's cost (issue 19): dshim-bench allreduce with the recorder on (the default,
+"""The flight recorder's cost: dshim-bench allreduce with the recorder on (the default,
 DSHIM_TRACE_BUFFER=2000) and off (0), interleaved in one sitting: each repetition runs both, in
 alternating order, and the ratio is taken per pair (drift of the machine cancels) and then the median
 over the pairs.  Replaces the section "## Flight recorder cost" of --out, leaving the rest as it is.

@@ -617,7 +617,7 @@ class Summary:
         for s in self.sizes:
             rows.append(bw_row("N=4 shm busbw ≥ gloo", 4, s, shm, gloo, 1.0))
             rows.append(bw_row("N=4 tcp busbw ≥ gloo", 4, s, tcp, gloo, 1.0))
-        # issue 20: more ranks than cores (the usual CPU job), every size
+        # more ranks than cores (the usual CPU job), every size
         for s in self.sizes:
             rows.append(bw_row("N=4 shm busbw ≥ OpenMPI shm", 4, s, shm, oshm, 1.0))
             rows.append(bw_row("N=4 tcp busbw ≥ OpenMPI tcp", 4, s, tcp, otcp, 1.0))

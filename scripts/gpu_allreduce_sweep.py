@@ -1,5 +1,4 @@
-"""One rank of an nccl-tests-style all_reduce sweep on CUDA tensors (issue 5: "an allreduce sweep
-for 2 ranks on one GPU"); started by scripts/gpu_checks.sh, one process per rank, all on cuda:0.
+"""One rank of an nccl-tests-style all_reduce sweep on CUDA tensors (2 ranks on one GPU); started by scripts/gpu_checks.sh, one process per rank, all on cuda:0.
 
     RANK=r WORLD_SIZE=n MASTER_ADDR=... MASTER_PORT=... python3 gpu_allreduce_sweep.py \
         --backend nccl|dshim [--max-mib 256] [--out table.txt]

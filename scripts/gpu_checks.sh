@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 5 (NCCL/GPU) and issue 6 item 4 (CUDA tensors), as ONE command for a
+# The GPU checks (the NCCL API on a GPU, CUDA kernels, CUDA tensors in the torch backend), as ONE command for a
 # machine with a GPU, python3 + torch (CUDA) and no .venv, no compiler, no internet:
 #
 #     scripts/gpu_checks.sh            # run every check; summary + logs under $OUT (/tmp/gpu-out)
@@ -236,7 +236,7 @@ step_reduce-tests() {
     exit $dev
 }
 
-# the kernels' bandwidth vs the device-to-device copy (issue 5: >= 80% at 256 MiB)
+# the kernels' bandwidth vs the device-to-device copy (the target: >= 80% at 256 MiB)
 step_cuda-bench() {
     "$BUILD/bin/dshim-cuda-bench" -a 2>&1 | tee "$OUT/cuda-bench.txt"
     local rc=${PIPESTATUS[0]}
@@ -248,7 +248,7 @@ step_cuda-bench() {
     exit $rc
 }
 
-# issue 6 item 4: the dshim backend on CUDA tensors (tests/torch/worker.py's "cuda" scenario,
+# the dshim backend on CUDA tensors (tests/torch/worker.py's "cuda" scenario,
 # what test_backend.py::test_cuda runs, without needing pytest on the GPU machine)
 step_torch-backend-cuda() {
     need_torch_cuda
@@ -258,7 +258,7 @@ step_torch-backend-cuda() {
     exit $rc
 }
 
-# issue 5: ProcessGroupNCCL under LD_PRELOAD, N ranks on one GPU (tests/gpu/nccl_ddp.py: a
+# ProcessGroupNCCL under LD_PRELOAD, N ranks on one GPU (tests/gpu/nccl_ddp.py: a
 # collective matrix on CUDA tensors + DDP vs one process)
 nccl_ddp() {
     need_torch_cuda
@@ -278,7 +278,7 @@ step_nccl-ddp-np3-chunks() { nccl_ddp 3 4096; }
 # (DSHIM_NCCL_STAGE_CHUNK): the matrix's 10007-element allreduce/broadcast/reduce take 3 chunks
 step_nccl-ddp-np2-staged-chunks() { DSHIM_NCCL_IPC=0 DSHIM_NCCL_STAGE_CHUNK=16k nccl_ddp 2; }
 
-# issue 6: examples/ddp_train.py unmodified, CUDA tensors + SyncBatchNorm, backend "dshim", N ranks
+# examples/ddp_train.py unmodified, CUDA tensors + SyncBatchNorm, backend "dshim", N ranks
 # on the one GPU, against the single-process reference
 ddp_dshim() {
     local n=$1 ref
@@ -298,7 +298,7 @@ ddp_dshim() {
 step_ddp-dshim-np2() { ddp_dshim 2; }
 step_ddp-dshim-np4() { ddp_dshim 4; }
 
-# issue 5: the same example with backend "nccl" under LD_PRELOAD=libdshim.so (DSHIM_TAKEOVER=0:
+# the same example with backend "nccl" under LD_PRELOAD=libdshim.so (DSHIM_TAKEOVER=0:
 # ProcessGroupNCCL itself calls the NCCL API, which resolves to dshim's), N ranks on one GPU
 ddp_nccl_preload() {
     local n=$1 ref
@@ -321,7 +321,7 @@ ddp_nccl_preload() {
 step_ddp-nccl-preload-np2() { ddp_nccl_preload 2; }
 step_ddp-nccl-preload-np4() { ddp_nccl_preload 4; }
 
-# issue 5: nccl-tests-style all_reduce busbw, 2 ranks on one GPU
+# nccl-tests-style all_reduce busbw, 2 ranks on one GPU
 step_sweep-nccl-preload-np2() {
     need_torch_cuda
     lib_has_nccl || { note "libdshim.so does not export the NCCL API (hooks/nccl not built)"; exit $SKIP; }

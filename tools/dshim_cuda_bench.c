@@ -1,7 +1,7 @@
 /*
  * dshim-cuda-bench: bandwidth of the CUDA reduction kernels
  * (backends/reduce/cuda) against the same GPU's device-to-device cudaMemcpy,
- * measured in the same run -- issue 5's target: every float32 op and the
+ * measured in the same run -- the target: every float32 op and the
  * float16/bfloat16 sum reach >= 80% of the copy bandwidth at 256 MiB.
  *
  * Bytes are counted as NCCL counts its reduce kernels: a reduce of n
@@ -178,7 +178,7 @@ typedef struct row {
     dshim_dtype_t dtype;
     work_kind_t kind;
     dshim_redop_t op;
-    int checked; /* issue 5's set: judged against the target */
+    int checked; /* in the judged set: held to the target */
 } row_t;
 
 static int add_row(row_t *rows, int n, dshim_dtype_t dt, work_kind_t kind, dshim_redop_t op,
@@ -311,7 +311,7 @@ static void release_buffers(void)
     free(h_fill);
 }
 
-/* The kernels to time: issue 5's set (judged), then with -a every other
+/* The kernels to time: the judged set, then with -a every other
  * dtype x op (shown only).  Returns how many rows. */
 static int plan_rows(row_t *rows, int all)
 {

@@ -25,7 +25,7 @@
  * A CUDA call there can wait for a driver lock that the application's thread
  * holds while it blocks in a synchronous copy -- a copy queued behind this
  * stream's wait for the flag, which only the proxy writes.  That was the
- * stream-ordered IPC hang in DDP's constructor (H200, 2026-11-26: after
+ * stream-ordered IPC hang seen in DDP's constructor (on an H200: after
  * `_verify_param_shape_across_processes`'s broadcast, torch's blocking
  * `control.copy_()` on the main thread, the proxy asleep inside CUDA, the
  * next barrier never taken).  So events are queried, destroyed and staging

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_install.sh — dshim used as a user installs it, never from this checkout (issue 17).
+# test_install.sh — dshim used as a user installs it, never from this checkout.
 #
 #   wheel      pip wheel . (scikit-build-core), auditwheel repair -> a manylinux wheel whose
 #              libdshim.so finds libunwind inside the wheel (ldd), installed into new venvs

@@ -1,4 +1,4 @@
-"""dshim-run's one-screen diagnosis and live status (issue 19; docs/launcher.md "Diagnosis and live
+"""dshim-run's one-screen diagnosis and live status (docs/launcher.md "Diagnosis and live
 status"), on real jobs under dshim-run with dshim's flight recorder on (its default):
 
   - a torch job where one rank skips a collective (hung; DSHIM_TIMEOUT=3): the diagnosis names the

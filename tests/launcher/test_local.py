@@ -241,7 +241,7 @@ with open("/proc/net/tcp") as f:
 
 @pytest.mark.timeout(30)
 def test_store_listens_on_loopback_for_one_host_job(run, write_script, no_leftovers):
-    """A job on this host only: dshim-run's store is bound to 127.0.0.1, not 0.0.0.0 (issue 18)."""
+    """A job on this host only: dshim-run's store is bound to 127.0.0.1, not 0.0.0.0."""
     script = write_script("bind.py", STORE_BIND_SCRIPT)
     res = run(["--nproc-per-node", "2", "--master-port", "0", script], timeout=20)
     assert res.rc == 0, describe(res)
@@ -623,7 +623,7 @@ BAD_INPUT = [
     ("unknown-option", lambda w: ["--bogus-option", "probe.py"], {}, "--bogus-option"),
     ("option-missing-value", lambda w: ["--master-port"], {}, "--master-port"),
     ("bad-dshim-env", lambda w: ["probe.py"], {"DSHIM_TIMEOUT": "abc"}, "DSHIM_TIMEOUT"),
-    # params.def's "allowed" column, checked before anything starts (issue 18 item 4)
+    # params.def's "allowed" column, checked before anything starts
     ("bad-dshim-transport", lambda w: ["-n", "2", "probe.py"], {"DSHIM_TRANSPORT": "bogus"},
      "DSHIM_TRANSPORT=bogus: must be one of auto, shm, tcp"),
     ("bad-shm-ring-size", lambda w: ["-n", "2", "probe.py"], {"DSHIM_SHM_RING_SIZE": "3"},

@@ -4,9 +4,9 @@
 # exist only inside them).  dshim-run always starts on host 0, whose own IP
 # is then local; hosts 1 and 2 are reached over ssh.
 #
-# Cases (issue 3): torchrun-style placement, environment and argument quoting;
+# Cases: torchrun-style placement, environment and argument quoting;
 # a real dshim job (dshim-bench) spanning the hosts over TCP; a hung one whose
-# flight-recorder dumps come back from every host for the diagnosis (issue 19); MXNet
+# flight-recorder dumps come back from every host for the diagnosis; MXNet
 # launch.py-style placement; a remote rank failing, SIGINT, a SIGKILLed worker
 # and a SIGKILLed launcher, each leaving no process anywhere; an unreachable
 # host; --sync-dst-dir with real rsync (and its failure); host:port lines and

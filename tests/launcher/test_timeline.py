@@ -1,4 +1,4 @@
-"""The timeline and the summary (issue 19 item 5), end to end through dshim-run.
+"""The timeline and the summary, end to end through dshim-run.
 
 A 2-rank DDP job (examples/ddp_train.py) under `dshim-run --timeline FILE`
 with DSHIM_SUMMARY=1: FILE loads with json.load, has a track per rank, and

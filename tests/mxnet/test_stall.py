@@ -1,4 +1,4 @@
-"""A worker that stops pushing (issue 19): the parameter server names the worker, the key, the
+"""A worker that stops pushing: the parameter server names the worker, the key, the
 round and the server, in its stall warnings, in its timeout, in every worker's error, and in
 the flight recorder's dumps (a "ps/server.R" ring entry waiting for that worker); a worker that
 skips a barrier: the scheduler names it (its warning, its "ps/scheduler" ring).  Under dshim-run,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""soak.py -- a seeded random fault soak over real dshim jobs (issue 18).
+"""soak.py -- a seeded random fault soak over real dshim jobs.
 
 Each run starts one job through dshim-run and injects at most one fault once every worker has
 done its first step:

@@ -159,7 +159,7 @@ def test_reinit_loop(n):
 
 @pytest.mark.timeout(120)
 def test_store_listens_on_loopback():
-    """MASTER_ADDR=127.0.0.1: rank 0's dshim store is bound to 127.0.0.1 (issue 18)."""
+    """MASTER_ADDR=127.0.0.1: rank 0's dshim store is bound to 127.0.0.1."""
     check(launch(2, "listeners"))
 
 
@@ -210,7 +210,7 @@ def test_timeout():
 
 @pytest.mark.timeout(120)
 def test_timeout_rule():
-    """The one timeout rule (issue 18): the user's DSHIM_TIMEOUT wins over init_process_group's
+    """The one timeout rule: the user's DSHIM_TIMEOUT wins over init_process_group's
     timeout (3 s, not 60 s), and DSHIM_STALL_WARN warns, naming the op and whom it waits for,
     before the operation fails."""
     res = launch(2, "timeout_rule", timeout=100, env={"DSHIM_TIMEOUT": "3", "DSHIM_STALL_WARN": "1"})

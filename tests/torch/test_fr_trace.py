@@ -1,4 +1,4 @@
-"""torch's own flight-recorder analyser on dshim's dumps (issue 19).
+"""torch's own flight-recorder analyser on dshim's dumps.
 
 dshim writes, beside its own dump, every rank's rings in the format of torch's
 flight recorder (shim/trace/trace_fr.c: DSHIM_TRACE_DIR/dshim_fr_rank_<R>, a

@@ -1,4 +1,4 @@
-"""The flight recorder's labels from the torch backend (issue 19): each entry names the torch call it
+"""The flight recorder's labels from the torch backend: each entry names the torch call it
 came from, as torch's own flight recorder names it ("torch all_reduce", "torch _all_gather_base"), and
 DDP's gradient all-reduces name their bucket ("DDP bucket K"; rules in python/dshim/process_group.py).
 

@@ -1,5 +1,5 @@
-/* dshim_bootstrap's error path closes only the sockets it opened (issue 18
- * item 2).  It used to jump to its clean-up after a failed allocation before
+/* dshim_bootstrap's error path closes only the sockets it opened.
+ * It used to jump to its clean-up after a failed allocation before
  * setting its fd table to -1; fresh memory holds zeros, so it closed fd 0
  * once per peer (a busy loop for a wrapped world size).  ASan cannot see a
  * close(0), so this checks fd 0 directly.

@@ -1,7 +1,7 @@
 /* The environment table's parsers and params.def's "allowed" column: every
  * integer is range-checked (no silent wrap), choices and powers of two are
  * enforced, and dshim_comm_init_env refuses a bad value naming the variable,
- * the value and what is allowed (issue 18, items 2 and 4). */
+ * the value and what is allowed. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>

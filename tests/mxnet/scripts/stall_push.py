@@ -1,5 +1,5 @@
-"""A dist_sync job in which one worker stops pushing (issue 19: which worker has not pushed
-which key to which server).
+"""A dist_sync job in which one worker stops pushing (the servers must name which worker has
+not pushed which key to which server).
 
 Every step, each worker pushes keys 0..K-1 in order and waits for each answer; at step
 --stall-step, worker --stall-rank stops just before pushing key --stall-key: it sleeps
