@@ -27,7 +27,7 @@
  *   in a directory of its own (after a failure: ./dshim-trace-<pid>, or under
  *   --log-dir; for --status: /tmp/dshim-run-user<uid>/status-<pid>), writes
  *   launcher.jsonl there (what it knows of each process) and prints the
- *   diagnosis (shim/trace/trace_read.h).
+ *   diagnosis (analyser/trace_read.h).
  *
  * The lifeline command has no 'K' (the agent's stop word) and no 'P' (the
  * timeline's pings).  Agents under mpirun/srun have no lifeline: their
@@ -126,7 +126,7 @@ int run_collect_wait_ms(const run_collect_t *c, int idle_ms);
  * and the directory the files are in (*dir, valid until the next call). */
 char *run_collect_finish(run_collect_t *c, dshim_trace_proc_t *procs, int nprocs, const char **dir);
 
-/* ---- dshim-run --diagnose DIR, --status [PID] (status.c) ---- */
+/* ---- dshim-run --diagnose DIR, --status [PID] (inspect.c) ---- */
 int run_diagnose_main(const char *dir);
 int run_status_main(const char *pid_or_null);
 /* The controller's socket for --status: /tmp/dshim-run-user<uid>/<pid>.sock;

@@ -17,6 +17,7 @@
 
 #include "config.h"
 #include "jobdir.h"
+#include "json_str.h"
 #include "private_fs.h"
 #include "store.h"
 #include "timeline.h"
@@ -675,51 +676,34 @@ static void merge_line(run_timeline_t *t, const tl_file_t *f, long pid, const ch
     o->first = false;
 }
 
-static void json_esc(FILE *out, const char *s)
+/* Whether every file that has a header has its own world rank (the merged
+ * file's pid is then the rank, else the file's number). */
+static bool ranks_unique(const run_timeline_t *t)
 {
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') {
-            fprintf(out, "\\%c", c);
-        } else if (c < 0x20) {
-            fprintf(out, "\\u%04x", c);
-        } else {
-            fputc(c, out);
-        }
-    }
-}
-
-int run_timeline_write(run_timeline_t *t, const run_plan_t *plan)
-{
-    if (!t) {
-        return 0;
-    }
     for (int i = 0; i < t->nfiles; i++) {
-        parse_header(&t->files[i]);
-    }
-    int nfiles = 0;
-    for (int i = 0; i < t->nfiles; i++) {
-        nfiles += t->files[i].header;
-    }
-    if (nfiles == 0) {
-        run_say("timeline: no process wrote a timeline (none opened a dshim communicator?); %s not written", t->path);
-        return -1;
-    }
-    /* pid = the world rank when every file has its own, else the file's number */
-    bool ranks_ok = true;
-    for (int i = 0; i < t->nfiles && ranks_ok; i++) {
         const tl_file_t *f = &t->files[i];
         if (!f->header) {
             continue;
         }
-        ranks_ok = f->rank >= 0;
-        for (int k = 0; k < i && ranks_ok; k++) {
-            ranks_ok = !(t->files[k].header && t->files[k].rank == f->rank);
+        if (f->rank < 0) {
+            return false;
+        }
+        for (int k = 0; k < i; k++) {
+            if (t->files[k].header && t->files[k].rank == f->rank) {
+                return false;
+            }
         }
     }
-    /* the clock models of the agents that sent files */
+    return true;
+}
+
+/* The clock models of the agents; returns the largest skew bound (ns) of
+ * the agents that sent files, -1 when none was measured; *unmeasured: some
+ * file came from an agent without a model. */
+static double clock_bound(run_timeline_t *t, bool *unmeasured)
+{
     double bound = -1;
-    bool unmeasured = false;
+    *unmeasured = false;
     for (int i = 0; i < t->nagents; i++) {
         build_model(t, &t->agents[i]);
     }
@@ -729,27 +713,18 @@ int run_timeline_write(run_timeline_t *t, const run_plan_t *plan)
             continue;
         }
         if (a->npts == 0) {
-            unmeasured = true;
+            *unmeasured = true;
         } else if (a->max_bound > bound) {
             bound = a->max_bound;
         }
     }
-    char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp%d", t->path, (int)getpid());
-    /* beside the user's file, maybe in a directory others can write: no
-     * link followed, no file of someone else's written into (private_fs.h);
-     * the rename then replaces whatever name was there, never its target */
-    int ofd = dshim_private_open(tmp, DSHIM_OPEN_TRUNC);
-    FILE *out = ofd >= 0 ? fdopen(ofd, "w") : NULL;
-    if (!out) {
-        run_say("timeline: cannot write %s: %s", tmp, dshim_private_why(errno));
-        if (ofd >= 0) {
-            close(ofd);
-        }
-        return -1;
-    }
-    /* hosts: an agent with a lifeline is one host (fake hosts may share a
-     * hostname); under mpirun/srun the names the processes saw */
+    return bound;
+}
+
+/* Hosts: an agent with a lifeline is one host (fake hosts may share a
+ * hostname); under mpirun/srun the names the processes saw. */
+static int count_hosts(const run_timeline_t *t)
+{
     int nhosts = 0;
     for (int i = 0; i < t->nfiles; i++) {
         const tl_file_t *f = &t->files[i];
@@ -761,6 +736,12 @@ int run_timeline_write(run_timeline_t *t, const run_plan_t *plan)
         }
         nhosts += !dup;
     }
+    return nhosts;
+}
+
+/* The merged file's header: what was merged, and each agent's clock model. */
+static void write_header(FILE *out, const run_timeline_t *t, int nfiles, int nhosts, double bound)
+{
     fprintf(out, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"dshim\":{\"format\":\"dshim-timeline-merged\","
                  "\"version\":1,\"processes\":%d,\"hosts\":%d,"
                  "\"controller_realtime_ns\":%" PRIu64 ",\"clock_skew_bound_us\":%.3f,\"agents\":[",
@@ -772,67 +753,50 @@ int run_timeline_write(run_timeline_t *t, const run_plan_t *plan)
             continue;
         }
         fprintf(out, "%s{\"host\":\"", firsta ? "" : ",");
-        json_esc(out, a->host);
+        dshim_json_write(out, a->host);
         fprintf(out, "\",\"pings\":%d,\"points\":%d,\"bound_us\":%.3f,\"offset_us\":%.3f,\"realtime_offset_us\":%.3f}",
                 a->nsamples, a->npts, a->npts ? a->max_bound / 1e3 : -1.0,
                 a->npts ? model_offset(a, a->pts[0].at) / 1e3 : 0.0, a->npts ? a->realtime_offset / 1e3 : 0.0);
         firsta = false;
     }
     fprintf(out, "]}},\"traceEvents\":[\n");
-    tl_out_t o = {out, true};
-    int ord = 0;
-    for (int i = 0; i < t->nfiles; i++) {
-        const tl_file_t *f = &t->files[i];
-        if (!f->header) {
-            continue;
-        }
-        long pid = ranks_ok ? f->rank : ord;
-        ord++;
-        const char *name = (plan && f->idx >= 0 && f->idx < plan->nprocs) ? plan->procs[f->idx].name : "process";
-        int per_proc = 0;
-        for (int k = 0; k < t->nfiles; k++) {
-            per_proc += t->files[k].header && t->files[k].idx == f->idx && t->files[k].agent == f->agent;
-        }
-        char meta[600], pname[300], esc[300];
-        const char *host = t->agents[f->agent].seen ? t->agents[f->agent].host : f->host; /* as the hostfile says */
-        if (per_proc > 1) {
-            snprintf(pname, sizeof(pname), "%s pid %ld on %s", name, f->pid, host);
-        } else {
-            snprintf(pname, sizeof(pname), "%s on %s", name, host);
-        }
-        size_t e = 0;
-        for (const char *s = pname; *s && e + 7 < sizeof(esc); s++) {
-            unsigned char c = (unsigned char)*s;
-            if (c == '"' || c == '\\') {
-                esc[e++] = '\\';
-                esc[e++] = (char)c;
-            } else if (c >= 0x20) {
-                esc[e++] = (char)c;
-            }
-        }
-        esc[e] = '\0';
-        int n = snprintf(meta, sizeof(meta), "{\"ph\":\"M\",\"pid\":%ld,\"tid\":0,\"name\":\"process_name\",\"args\":"
-                         "{\"name\":\"%s\"}}", pid, esc);
-        emit(&o, meta, (size_t)n);
-        n = snprintf(meta, sizeof(meta), "{\"ph\":\"M\",\"pid\":%ld,\"tid\":0,\"name\":\"process_sort_index\","
-                     "\"args\":{\"sort_index\":%ld}}", pid, pid);
-        emit(&o, meta, (size_t)n);
-        const char *p = f->data, *end = f->data + f->len;
-        while (p < end) {
-            const char *nl = memchr(p, '\n', (size_t)(end - p));
-            size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
-            merge_line(t, f, pid, p, len, &o);
-            p += len + 1;
-        }
+}
+
+/* One process's track: its name and place, then its events moved onto the
+ * controller's clock. */
+static void write_process(run_timeline_t *t, const run_plan_t *plan, const tl_file_t *f, long pid, tl_out_t *o)
+{
+    const char *name = (plan && f->idx >= 0 && f->idx < plan->nprocs) ? plan->procs[f->idx].name : "process";
+    int per_proc = 0;
+    for (int k = 0; k < t->nfiles; k++) {
+        per_proc += t->files[k].header && t->files[k].idx == f->idx && t->files[k].agent == f->agent;
     }
-    fprintf(out, "]}\n");
-    bool ok = fflush(out) == 0 && !ferror(out);
-    ok = (fclose(out) == 0) && ok;
-    if (!ok || rename(tmp, t->path) != 0) {
-        run_say("timeline: cannot write %s: %s", t->path, strerror(errno));
-        unlink(tmp);
-        return -1;
+    char meta[600], pname[300], esc[300];
+    const char *host = t->agents[f->agent].seen ? t->agents[f->agent].host : f->host; /* as the hostfile says */
+    if (per_proc > 1) {
+        snprintf(pname, sizeof(pname), "%s pid %ld on %s", name, f->pid, host);
+    } else {
+        snprintf(pname, sizeof(pname), "%s on %s", name, host);
     }
+    dshim_json_escape(esc, sizeof(esc), pname);
+    int n = snprintf(meta, sizeof(meta), "{\"ph\":\"M\",\"pid\":%ld,\"tid\":0,\"name\":\"process_name\",\"args\":"
+                     "{\"name\":\"%s\"}}", pid, esc);
+    emit(o, meta, (size_t)n);
+    n = snprintf(meta, sizeof(meta), "{\"ph\":\"M\",\"pid\":%ld,\"tid\":0,\"name\":\"process_sort_index\","
+                 "\"args\":{\"sort_index\":%ld}}", pid, pid);
+    emit(o, meta, (size_t)n);
+    const char *p = f->data, *end = f->data + f->len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        merge_line(t, f, pid, p, len, o);
+        p += len + 1;
+    }
+}
+
+/* dshim-run's one line on the merged file. */
+static void say_written(const run_timeline_t *t, int nfiles, int nhosts, double bound, bool unmeasured)
+{
     char skew[200];
     long bound_us = (long)(bound / 1e3); /* rounded up: a bound */
     if ((double)bound_us * 1e3 < bound || bound_us < 1) {
@@ -849,6 +813,57 @@ int run_timeline_write(run_timeline_t *t, const run_plan_t *plan)
     }
     run_say("timeline: %d rank%s on %d host%s, %s, written to %s", nfiles, nfiles == 1 ? "" : "s", nhosts,
             nhosts == 1 ? "" : "s", skew, t->path);
+}
+
+int run_timeline_write(run_timeline_t *t, const run_plan_t *plan)
+{
+    if (!t) {
+        return 0;
+    }
+    int nfiles = 0;
+    for (int i = 0; i < t->nfiles; i++) {
+        parse_header(&t->files[i]);
+        nfiles += t->files[i].header;
+    }
+    if (nfiles == 0) {
+        run_say("timeline: no process wrote a timeline (none opened a dshim communicator?); %s not written", t->path);
+        return -1;
+    }
+    bool ranks_ok = ranks_unique(t), unmeasured;
+    double bound = clock_bound(t, &unmeasured);
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp%d", t->path, (int)getpid());
+    /* beside the user's file, maybe in a directory others can write: no
+     * link followed, no file of someone else's written into (private_fs.h);
+     * the rename then replaces whatever name was there, never its target */
+    int ofd = dshim_private_open(tmp, DSHIM_OPEN_TRUNC);
+    FILE *out = ofd >= 0 ? fdopen(ofd, "w") : NULL;
+    if (!out) {
+        run_say("timeline: cannot write %s: %s", tmp, dshim_private_why(errno));
+        if (ofd >= 0) {
+            close(ofd);
+        }
+        return -1;
+    }
+    int nhosts = count_hosts(t);
+    write_header(out, t, nfiles, nhosts, bound);
+    tl_out_t o = {out, true};
+    int ord = 0;
+    for (int i = 0; i < t->nfiles; i++) {
+        if (t->files[i].header) {
+            write_process(t, plan, &t->files[i], ranks_ok ? t->files[i].rank : ord, &o);
+            ord++;
+        }
+    }
+    fprintf(out, "]}\n");
+    bool ok = fflush(out) == 0 && !ferror(out);
+    ok = (fclose(out) == 0) && ok;
+    if (!ok || rename(tmp, t->path) != 0) {
+        run_say("timeline: cannot write %s: %s", t->path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    say_written(t, nfiles, nhosts, bound, unmeasured);
     return 0;
 }
 

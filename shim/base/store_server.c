@@ -29,147 +29,7 @@
 #include "status.h"
 #include "store.h"
 #include "store_proto.h"
-
-/* Bytes read from one connection per loop turn, so one big SET cannot
- * monopolise the thread while others wait. */
-#define READ_BUDGET (4u << 20)
-/* Buffers larger than this are released after use instead of kept. */
-#define KEEP_BUF_MAX (1u << 20)
-
-typedef struct kv_entry {
-    struct kv_entry *next;
-    uint64_t hash;
-    uint8_t *val;
-    size_t vlen;
-    uint32_t klen;
-    uint8_t key[];
-} kv_entry_t;
-
-typedef enum { CONN_HELLO, CONN_READY, CONN_PARKED } conn_state_t;
-
-typedef struct conn {
-    int fd;
-    int dead;              /* closed; freed by the next sweep */
-    conn_state_t state;
-    char peer[64];         /* "ip:port" for log lines */
-    double deadline;       /* hello limit or GET limit; INFINITY = none */
-    uint8_t *in;           /* the message in progress */
-    size_t in_have, in_need, in_cap;
-    int in_body;           /* header parsed, in_need covers the body too */
-    uint32_t seq;          /* of the request being answered */
-    uint8_t *out;          /* one pending reply */
-    size_t out_len, out_off, out_cap;
-    uint64_t park_hash;    /* key of a parked GET */
-    uint8_t *park_key;
-    uint32_t park_klen;
-} conn_t;
-
-struct dshim_store_server {
-    int listen_fd;
-    int wake_fd;
-    pthread_t thread;
-    uint8_t *token;
-    size_t token_len;
-    uint64_t rejected;     /* atomic: read by tests from other threads */
-    conn_t **conns;
-    size_t nconns, cap_conns;
-    struct pollfd *pfds;
-    size_t cap_pfds;
-    kv_entry_t **buckets;
-    size_t nbuckets, nkeys;
-    double accept_pause_until;
-    double accept_warned_at;   /* last "accept failed" line (one per 10 s) */
-    unsigned long accept_failures; /* since that line */
-    int out_of_fds;            /* reported (the job is failed): said once */
-};
-
-/* ---- key/value table: chained hash, doubled when the load reaches 1 ---- */
-
-static uint64_t key_hash(const uint8_t *key, size_t len)
-{
-    uint64_t h = 1469598103934665603ull;  /* FNV-1a */
-    for (size_t i = 0; i < len; i++) {
-        h = (h ^ key[i]) * 1099511628211ull;
-    }
-    return h;
-}
-
-static kv_entry_t **kv_slot(dshim_store_server_t *srv, const uint8_t *key, uint32_t klen, uint64_t hash)
-{
-    kv_entry_t **pp = &srv->buckets[hash & (srv->nbuckets - 1)];
-    while (*pp) {
-        kv_entry_t *e = *pp;
-        if (e->hash == hash && e->klen == klen && memcmp(e->key, key, klen) == 0) {
-            return pp;
-        }
-        pp = &e->next;
-    }
-    return pp;
-}
-
-static void kv_grow(dshim_store_server_t *srv)
-{
-    size_t n = srv->nbuckets * 2;
-    kv_entry_t **b = calloc(n, sizeof(*b));
-    if (!b) {
-        return;  /* longer chains, still correct */
-    }
-    for (size_t i = 0; i < srv->nbuckets; i++) {
-        kv_entry_t *e = srv->buckets[i];
-        while (e) {
-            kv_entry_t *next = e->next;
-            e->next = b[e->hash & (n - 1)];
-            b[e->hash & (n - 1)] = e;
-            e = next;
-        }
-    }
-    free(srv->buckets);
-    srv->buckets = b;
-    srv->nbuckets = n;
-}
-
-/* Stores val (ownership passes to the table); returns the entry or NULL when
- * out of memory (val is then freed). */
-static kv_entry_t *kv_put(dshim_store_server_t *srv, const uint8_t *key, uint32_t klen, uint64_t hash,
-                          uint8_t *val, size_t vlen)
-{
-    kv_entry_t **pp = kv_slot(srv, key, klen, hash);
-    kv_entry_t *e = *pp;
-    if (e) {
-        free(e->val);
-    } else {
-        e = malloc(sizeof(*e) + klen);
-        if (!e) {
-            free(val);
-            return NULL;
-        }
-        e->next = NULL;
-        e->hash = hash;
-        e->klen = klen;
-        memcpy(e->key, key, klen);
-        *pp = e;
-        if (++srv->nkeys > srv->nbuckets) {
-            kv_grow(srv);
-        }
-    }
-    e->val = val;
-    e->vlen = vlen;
-    return e;
-}
-
-static void kv_free_all(dshim_store_server_t *srv)
-{
-    for (size_t i = 0; i < srv->nbuckets; i++) {
-        kv_entry_t *e = srv->buckets[i];
-        while (e) {
-            kv_entry_t *next = e->next;
-            free(e->val);
-            free(e);
-            e = next;
-        }
-    }
-    free(srv->buckets);
-}
+#include "store_server_impl.h"
 
 /* ---- connections ---- */
 
@@ -182,7 +42,7 @@ static void conn_close(conn_t *c)
     c->dead = 1;
 }
 
-static void conn_free(conn_t *c)
+void dshim_store_conn_free(conn_t *c)
 {
     if (c->fd >= 0) {
         close(c->fd);
@@ -317,7 +177,7 @@ static const kv_entry_t *failure_for(dshim_store_server_t *srv, const uint8_t *k
         memcpy(probe, key, p);
         memcpy(probe + p, DSHIM_STORE_FAILED_LEAF, leaf);
         uint32_t plen = p + (uint32_t)leaf;
-        const kv_entry_t *f = *kv_slot(srv, probe, plen, key_hash(probe, plen));
+        const kv_entry_t *f = *dshim_store_kv_slot(srv, probe, plen, dshim_store_key_hash(probe, plen));
         if (f) {
             return f;
         }
@@ -354,7 +214,7 @@ static void handle_add(dshim_store_server_t *srv, conn_t *c, const uint8_t *key,
 {
     int64_t delta = (int64_t)dshim_store_get_u64(val);
     int64_t cur = 0, sum;
-    kv_entry_t *e = *kv_slot(srv, key, klen, hash);
+    kv_entry_t *e = *dshim_store_kv_slot(srv, key, klen, hash);
     if (e && parse_counter(e->val, e->vlen, &cur) < 0) {
         conn_reply(c, DSHIM_STORE_ST_BAD_VALUE, NULL, 0);
         return;
@@ -368,7 +228,7 @@ static void handle_add(dshim_store_server_t *srv, conn_t *c, const uint8_t *key,
     uint8_t *copy = malloc((size_t)n);
     if (copy) {
         memcpy(copy, text, (size_t)n);
-        e = kv_put(srv, key, klen, hash, copy, (size_t)n);
+        e = dshim_store_kv_put(srv, key, klen, hash, copy, (size_t)n);
     }
     if (!copy || !e) {
         DSHIM_WARN("store: out of memory storing a counter for %s; closing that connection", c->peer);
@@ -384,7 +244,7 @@ static void handle_add(dshim_store_server_t *srv, conn_t *c, const uint8_t *key,
 static void handle_store(dshim_store_server_t *srv, conn_t *c, uint32_t kind, const uint8_t *key,
                          uint32_t klen, uint64_t hash, const uint8_t *val, size_t vlen)
 {
-    kv_entry_t *e = *kv_slot(srv, key, klen, hash);
+    kv_entry_t *e = *dshim_store_kv_slot(srv, key, klen, hash);
     if (kind == DSHIM_STORE_REQ_SET_IF_ABSENT && e) {
         conn_reply(c, DSHIM_STORE_ST_EXISTS, NULL, 0);
         return;
@@ -393,7 +253,7 @@ static void handle_store(dshim_store_server_t *srv, conn_t *c, uint32_t kind, co
     uint8_t *copy = malloc(vlen ? vlen : 1);
     if (copy) {
         memcpy(copy, val, vlen);
-        e = kv_put(srv, key, klen, hash, copy, vlen);
+        e = dshim_store_kv_put(srv, key, klen, hash, copy, vlen);
     }
     if (!copy || !e) {
         DSHIM_WARN("store: out of memory storing a %zu-byte value for %s; closing that connection", vlen,
@@ -412,7 +272,7 @@ static void handle_store(dshim_store_server_t *srv, conn_t *c, uint32_t kind, co
 static void handle_get(dshim_store_server_t *srv, conn_t *c, uint32_t kind, const uint8_t *key,
                        uint32_t klen, uint64_t hash, uint32_t wait_ms)
 {
-    kv_entry_t *e = *kv_slot(srv, key, klen, hash);
+    kv_entry_t *e = *dshim_store_kv_slot(srv, key, klen, hash);
     const kv_entry_t *f;
     if (e) {
         conn_reply(c, DSHIM_STORE_ST_OK, e->val, e->vlen);
@@ -447,7 +307,7 @@ static void handle_request(dshim_store_server_t *srv, conn_t *c)
     size_t vlen = (size_t)dshim_store_get_u64(h + 16);
     const uint8_t *key = h + DSHIM_STORE_REQ_HDR;
     const uint8_t *val = key + klen;
-    uint64_t hash = key_hash(key, klen);
+    uint64_t hash = dshim_store_key_hash(key, klen);
 
     switch (kind) {
     case DSHIM_STORE_REQ_SET:
@@ -462,7 +322,7 @@ static void handle_request(dshim_store_server_t *srv, conn_t *c)
         handle_add(srv, c, key, klen, hash, val);
         break;
     case DSHIM_STORE_REQ_DELETE: {
-        kv_entry_t **pp = kv_slot(srv, key, klen, hash);
+        kv_entry_t **pp = dshim_store_kv_slot(srv, key, klen, hash);
         kv_entry_t *e = *pp;
         if (e) {
             *pp = e->next;
@@ -708,8 +568,8 @@ static void fail_out_of_fds(dshim_store_server_t *srv)
     srv->out_of_fds = 1;
     const uint8_t *key = (const uint8_t *)DSHIM_STORE_FAILED_LEAF;
     uint32_t klen = (uint32_t)strlen(DSHIM_STORE_FAILED_LEAF);
-    uint64_t hash = key_hash(key, klen);
-    if (*kv_slot(srv, key, klen, hash) != NULL) {
+    uint64_t hash = dshim_store_key_hash(key, klen);
+    if (*dshim_store_kv_slot(srv, key, klen, hash) != NULL) {
         return; /* a failure was reported already: it stays the first */
     }
     size_t len = strlen(msg);
@@ -718,7 +578,7 @@ static void fail_out_of_fds(dshim_store_server_t *srv)
         return;
     }
     memcpy(val, msg, len);
-    kv_entry_t *e = kv_put(srv, key, klen, hash, val, len); /* takes val */
+    kv_entry_t *e = dshim_store_kv_put(srv, key, klen, hash, val, len); /* takes val */
     if (e) {
         fail_waiters(srv, e, 0);
     }
@@ -823,7 +683,7 @@ static void sweep(dshim_store_server_t *srv)
     size_t j = 0;
     for (size_t i = 0; i < srv->nconns; i++) {
         if (srv->conns[i]->dead) {
-            conn_free(srv->conns[i]);
+            dshim_store_conn_free(srv->conns[i]);
         } else {
             srv->conns[j++] = srv->conns[i];
         }
@@ -842,7 +702,7 @@ static short conn_events(const conn_t *c)
     return POLLIN | POLLRDHUP;
 }
 
-static void *server_main(void *arg)
+void *dshim_store_server_main(void *arg)
 {
     dshim_store_server_t *srv = arg;
     for (;;) {
@@ -894,178 +754,4 @@ static void *server_main(void *arg)
         }
     }
     return NULL;
-}
-
-/* ---- public entry points ---- */
-
-static dshim_status_t resolve_bind_addr(const char *addr, struct in_addr *out)
-{
-    if (!addr || !addr[0]) {
-        out->s_addr = htonl(INADDR_ANY);
-        return DSHIM_OK;
-    }
-    if (inet_pton(AF_INET, addr, out) == 1) {
-        return DSHIM_OK;
-    }
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
-    struct addrinfo *res = NULL;
-    int rc = getaddrinfo(addr, NULL, &hints, &res);
-    if (rc != 0 || !res) {
-        return dshim_error(DSHIM_ERR_INVALID,
-                           "cannot resolve '%s' to host the rendezvous store: %s; set MASTER_ADDR or "
-                           "DSHIM_STORE_ADDR to a host name or IPv4 address of this host",
-                           addr, rc ? gai_strerror(rc) : "no IPv4 address");
-    }
-    *out = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
-    freeaddrinfo(res);
-    return DSHIM_OK;
-}
-
-static dshim_status_t listen_error(const struct in_addr *ip, int port, int err)
-{
-    char ipbuf[INET_ADDRSTRLEN] = "?";
-    inet_ntop(AF_INET, ip, ipbuf, sizeof(ipbuf));
-    if (err == EADDRINUSE) {
-        return dshim_error(DSHIM_ERR_SYSTEM,
-                           "cannot listen on %s:%d for the rendezvous store: %s; choose another port with "
-                           "MASTER_PORT or DSHIM_STORE_PORT, or stop the process that holds it",
-                           ipbuf, port, strerror(err));
-    }
-    return dshim_error(DSHIM_ERR_SYSTEM,
-                       "cannot listen on %s:%d for the rendezvous store: %s; check that MASTER_ADDR or "
-                       "DSHIM_STORE_ADDR names an address of this host and the port is allowed",
-                       ipbuf, port, strerror(err));
-}
-
-static dshim_status_t open_listener(const char *addr, int port, int *fd_p, int *bound_port)
-{
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    DSHIM_CHECK(resolve_bind_addr(addr, &sa.sin_addr));
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        return dshim_error(DSHIM_ERR_SYSTEM, "cannot create the rendezvous store socket: %s", strerror(errno));
-    }
-    /* a restarted job must be able to reuse the port while old connections
-     * of the previous run sit in TIME_WAIT */
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, SOMAXCONN) < 0) {
-        int err = errno;
-        close(fd);
-        return listen_error(&sa.sin_addr, port, err);
-    }
-    socklen_t sl = sizeof(sa);
-    if (getsockname(fd, (struct sockaddr *)&sa, &sl) < 0) {
-        int err = errno;
-        close(fd);
-        return dshim_error(DSHIM_ERR_SYSTEM, "cannot read the rendezvous store's port: %s", strerror(err));
-    }
-    *fd_p = fd;
-    *bound_port = ntohs(sa.sin_port);
-    return DSHIM_OK;
-}
-
-dshim_status_t dshim_store_server_start(const char *addr, int port, const char *token,
-                                        dshim_store_server_t **server_p, int *port_p)
-{
-    if (!server_p || port < 0 || port > 65535) {
-        return dshim_error(DSHIM_ERR_INVALID,
-                           "rendezvous store port %d is out of range; use 0 to 65535 (MASTER_PORT or "
-                           "DSHIM_STORE_PORT)", port);
-    }
-    *server_p = NULL;
-    dshim_log_init();  /* the level must be known before INFO/TRACE lines */
-    size_t tlen = token ? strlen(token) : 0;
-    if (tlen > DSHIM_STORE_TOKEN_MAX) {
-        return dshim_error(DSHIM_ERR_INVALID, "job token of %zu bytes is longer than %u; use a shorter "
-                           "DSHIM_JOB_TOKEN", tlen, DSHIM_STORE_TOKEN_MAX);
-    }
-    dshim_store_server_t *srv = calloc(1, sizeof(*srv));
-    if (!srv) {
-        return dshim_error(DSHIM_ERR_NOMEM, "out of memory starting the rendezvous store");
-    }
-    srv->listen_fd = srv->wake_fd = -1;
-    srv->nbuckets = 64;
-    srv->buckets = calloc(srv->nbuckets, sizeof(*srv->buckets));
-    srv->token = malloc(tlen + 1);
-    if (!srv->buckets || !srv->token) {
-        free(srv->buckets);
-        free(srv->token);
-        free(srv);
-        return dshim_error(DSHIM_ERR_NOMEM, "out of memory starting the rendezvous store");
-    }
-    memcpy(srv->token, token ? token : "", tlen);
-    srv->token_len = tlen;
-
-    int bound = 0;
-    dshim_status_t st = open_listener(addr, port, &srv->listen_fd, &bound);
-    if (st == DSHIM_OK) {
-        srv->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (srv->wake_fd < 0) {
-            st = dshim_error(DSHIM_ERR_SYSTEM, "cannot create the rendezvous store's eventfd: %s",
-                             strerror(errno));
-        }
-    }
-    if (st == DSHIM_OK) {
-        /* the store thread must not take the application's asynchronous
-         * signals (SIGINT, SIGTERM, ...); faults stay unblocked so a crash
-         * in it still reaches the backtrace handler */
-        sigset_t all, old;
-        sigfillset(&all);
-        sigdelset(&all, SIGSEGV);
-        sigdelset(&all, SIGBUS);
-        sigdelset(&all, SIGILL);
-        sigdelset(&all, SIGFPE);
-        sigdelset(&all, SIGABRT);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        int rc = pthread_create(&srv->thread, NULL, server_main, srv);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (rc != 0) {
-            st = dshim_error(DSHIM_ERR_SYSTEM, "cannot start the rendezvous store thread: %s", strerror(rc));
-        }
-    }
-    if (st != DSHIM_OK) {
-        if (srv->listen_fd >= 0) {
-            close(srv->listen_fd);
-        }
-        if (srv->wake_fd >= 0) {
-            close(srv->wake_fd);
-        }
-        kv_free_all(srv);
-        free(srv->token);
-        free(srv);
-        return st;
-    }
-    DSHIM_INFO("store: serving on %s:%d", (addr && addr[0]) ? addr : "0.0.0.0", bound);
-    if (port_p) {
-        *port_p = bound;
-    }
-    *server_p = srv;
-    return DSHIM_OK;
-}
-
-void dshim_store_server_stop(dshim_store_server_t *srv)
-{
-    if (!srv) {
-        return;
-    }
-    uint64_t one = 1;
-    while (write(srv->wake_fd, &one, sizeof(one)) < 0 && errno == EINTR) {
-    }
-    pthread_join(srv->thread, NULL);
-    for (size_t i = 0; i < srv->nconns; i++) {
-        conn_free(srv->conns[i]);
-    }
-    free(srv->conns);
-    free(srv->pfds);
-    kv_free_all(srv);
-    close(srv->listen_fd);
-    close(srv->wake_fd);
-    free(srv->token);
-    free(srv);
-}
-
-uint64_t dshim_store_server_rejected(const dshim_store_server_t *srv)
-{
-    return srv ? __atomic_load_n(&srv->rejected, __ATOMIC_RELAXED) : 0;
 }

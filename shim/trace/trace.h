@@ -1,12 +1,16 @@
 /*
- * Flight recorder (issue 19): per communicator, a fixed-size ring of the last
+ * Flight recorder: per communicator, a fixed-size ring of the last
  * operations, dumped on trouble or on demand, and the source of the timeline
  * and the end-of-job summary.
  *
  * Module `trace` (cmake/layers.txt): uses api and base only, so that the
- * communicator (comm), dshim's parameter server (ps) and the launcher can all
- * use it.  It knows nothing of communicators: callers describe what they run
- * with plain values (op names are static strings they own).
+ * communicator (comm) and dshim's parameter server (ps) can use it.  What
+ * reads the dumps back (the diagnosis, the live status) is the module
+ * `analyser` (analyser/), linked into dshim-run and the tests, never into
+ * libdshim.so: the two share trace_format.h and trace_fields.def, the
+ * format's one description in code.  The recorder knows nothing of
+ * communicators: callers describe what they run with plain values (op names
+ * are static strings they own).
  *
  * Cost: off (DSHIM_TRACE_BUFFER=0) every call is one predictable branch on a
  * NULL ring.  On, an op is three short critical sections on the ring's own
@@ -38,6 +42,7 @@
  *      "algo":"ring","transport":"shm+tcp",
  *      "t_queued_ns":..,"t_started_ns":..,"t_done_ns":..,"wait_ns":..,
  *      "t_waiting_ns":..}
+ *   (the entry's fields and their order: trace_fields.def)
  *   Every value is a string, an integer, or an array of integers; unknown
  *   keys must be ignored by readers (later versions add keys).  "root" and
  *   "peer" are -1 when not applicable, "seq" -1 until known (a receive
@@ -59,17 +64,7 @@
 #include <stdint.h>
 
 #include "dshim.h"
-
-typedef enum dshim_trace_state {
-    DSHIM_TRACE_QUEUED = 0, /* submitted, not yet executing */
-    DSHIM_TRACE_STARTED,    /* executing, data moving */
-    DSHIM_TRACE_WAITING,    /* executing, nothing moved for a while: blocked on waiting_for */
-    DSHIM_TRACE_DONE,
-    DSHIM_TRACE_FAILED,
-} dshim_trace_state_t;
-
-#define DSHIM_TRACE_LABEL_LEN 64
-#define DSHIM_TRACE_WAIT_MAX 8 /* ranks named in waiting_for */
+#include "trace_format.h" /* the states, the sizes, the format's names */
 
 /* What the caller knows when it submits an operation. */
 typedef struct dshim_trace_op {

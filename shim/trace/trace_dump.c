@@ -17,28 +17,12 @@
 #include "config.h"
 #include "log.h"
 #include "status.h"
+#include "json_str.h"
 #include "trace_impl.h"
 
 /* Torch's format is written by trace_fr.c when it is linked in; the weak
  * reference keeps this file linkable without it (NULL then). */
 extern __typeof__(dshim_trace_write_fr) dshim_trace_write_fr __attribute__((weak));
-
-static const char *state_name(dshim_trace_state_t s)
-{
-    switch (s) {
-    case DSHIM_TRACE_QUEUED:
-        return "queued";
-    case DSHIM_TRACE_STARTED:
-        return "started";
-    case DSHIM_TRACE_WAITING:
-        return "waiting";
-    case DSHIM_TRACE_DONE:
-        return "done";
-    case DSHIM_TRACE_FAILED:
-        return "failed";
-    }
-    return "unknown";
-}
 
 static int is_failure(const char *reason)
 {
@@ -51,95 +35,54 @@ static int is_failure(const char *reason)
     return 0;
 }
 
-/* Length of the valid UTF-8 sequence at s (1..4), 0 if none starts there. */
-static int utf8_len(const unsigned char *s)
-{
-    int n;
-    unsigned min;
-    unsigned cp;
-    if (s[0] < 0x80) {
-        return 1;
-    } else if ((s[0] & 0xE0) == 0xC0) {
-        n = 2, min = 0x80, cp = s[0] & 0x1F;
-    } else if ((s[0] & 0xF0) == 0xE0) {
-        n = 3, min = 0x800, cp = s[0] & 0x0F;
-    } else if ((s[0] & 0xF8) == 0xF0) {
-        n = 4, min = 0x10000, cp = s[0] & 0x07;
-    } else {
-        return 0;
-    }
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) {
-            return 0; /* also stops at the terminating 0 */
-        }
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-        return 0;
-    }
-    return n;
-}
-
-void dshim_trace_json_str(FILE *f, const char *s)
-{
-    const unsigned char *p = (const unsigned char *)(s ? s : "");
-    while (*p) {
-        if (*p == '"' || *p == '\\') {
-            fputc('\\', f);
-            fputc(*p++, f);
-        } else if (*p < 0x20 || *p == 0x7F) {
-            fprintf(f, "\\u%04x", *p++);
-        } else {
-            /* labels come from frameworks (a tensor name, a key): a stray
-             * byte must not make the whole line unreadable as JSON */
-            int n = utf8_len(p);
-            if (n == 0) {
-                fputs("\\ufffd", f);
-                p++;
-            } else {
-                fwrite(p, 1, (size_t)n, f);
-                p += n;
-            }
-        }
-    }
-}
-
 static void json_kv_str(FILE *f, const char *key, const char *value, int comma)
 {
     fprintf(f, "%s\"%s\":\"", comma ? "," : "", key);
-    dshim_trace_json_str(f, value);
+    dshim_json_write(f, value);
     fputc('"', f);
 }
 
-static void write_entry(FILE *f, const dshim_trace_snapshot_t *s, const dshim_trace_entry_t *e)
+static void write_ranks(FILE *f, const char *key, const int *ranks, int n, int cap)
 {
-    fputs("{", f);
-    json_kv_str(f, "ring", s->name, 0);
-    fprintf(f, ",\"id\":%" PRIu64, e->id);
-    if (e->seq == UINT64_MAX) {
-        fputs(",\"seq\":-1", f);
-    } else {
-        fprintf(f, ",\"seq\":%" PRIu64, e->seq);
-    }
-    json_kv_str(f, "op", e->op.op ? e->op.op : "", 1);
-    json_kv_str(f, "dtype", e->op.dtype >= 0 ? dshim_dtype_name((dshim_dtype_t)e->op.dtype) : "", 1);
-    fprintf(f, ",\"count\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"root\":%d,\"peer\":%d", e->op.count, e->op.bytes,
-            e->op.root, e->op.peer);
-    json_kv_str(f, "redop", e->op.redop >= 0 ? dshim_redop_name((dshim_redop_t)e->op.redop) : "", 1);
-    json_kv_str(f, "label", e->label, 1);
-    json_kv_str(f, "state", state_name(e->state), 1);
-    fputs(",\"waiting_for\":[", f);
-    int nw = e->nwaiting < DSHIM_TRACE_WAIT_MAX ? e->nwaiting : DSHIM_TRACE_WAIT_MAX;
-    for (int i = 0; i < nw; i++) {
-        fprintf(f, "%s%d", i ? "," : "", e->waiting_for[i]);
+    fprintf(f, ",\"%s\":[", key);
+    n = n < cap ? n : cap;
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "%s%d", i ? "," : "", ranks[i]);
     }
     fputs("]", f);
-    json_kv_str(f, "algo", e->algo ? e->algo : "", 1);
-    json_kv_str(f, "transport", e->transport ? e->transport : "", 1);
-    fprintf(f,
-            ",\"t_queued_ns\":%" PRIu64 ",\"t_started_ns\":%" PRIu64 ",\"t_done_ns\":%" PRIu64
-            ",\"wait_ns\":%" PRIu64 ",\"t_waiting_ns\":%" PRIu64 "}\n",
-            e->t_queued_ns, e->t_started_ns, e->t_done_ns, e->wait_ns, e->t_waiting_ns);
+}
+
+static void write_seq(FILE *f, const char *key, uint64_t seq)
+{
+    if (seq == UINT64_MAX) {
+        fprintf(f, ",\"%s\":-1", key);
+    } else {
+        fprintf(f, ",\"%s\":%" PRIu64, key, seq);
+    }
+}
+
+/* One entry's line: "ring", then the fields of trace_fields.def in its order. */
+static void write_entry(FILE *f, const dshim_trace_snapshot_t *s, const dshim_trace_entry_t *e)
+{
+    const char *state;
+    fputs("{", f);
+    json_kv_str(f, "ring", s->name, 0);
+#define DSHIM_TRACE_U64(key, ident, value) fprintf(f, ",\"" #key "\":%" PRIu64, (uint64_t)(value));
+#define DSHIM_TRACE_SEQ(key, ident, value) write_seq(f, #key, (value));
+#define DSHIM_TRACE_INT(key, ident, value) fprintf(f, ",\"" #key "\":%d", (int)(value));
+#define DSHIM_TRACE_STR(key, cap, ident, value) json_kv_str(f, #key, (value), 1);
+#define DSHIM_TRACE_STATE(key, ident, value)                                                                     \
+    state = dshim_trace_state_name((int)(value));                                                                \
+    json_kv_str(f, #key, state ? state : "unknown", 1);
+#define DSHIM_TRACE_RANKS(key, nkey, cap, ident, value, n) write_ranks(f, #key, (value), (n), (cap));
+#include "trace_fields.def"
+#undef DSHIM_TRACE_U64
+#undef DSHIM_TRACE_SEQ
+#undef DSHIM_TRACE_INT
+#undef DSHIM_TRACE_STR
+#undef DSHIM_TRACE_STATE
+#undef DSHIM_TRACE_RANKS
+    fputs("}\n", f);
 }
 
 /* The last failure this process dumped (reason, why), repeated in later
@@ -153,7 +96,8 @@ static void write_dump(FILE *f, int rank, int size, const char *reason, const ch
     struct timespec rt, mt;
     clock_gettime(CLOCK_REALTIME, &rt);
     clock_gettime(CLOCK_MONOTONIC, &mt);
-    fprintf(f, "{\"format\":\"dshim-trace\",\"version\":1,\"rank\":%d,\"size\":%d", rank, size);
+    fprintf(f, "{\"format\":\"" DSHIM_TRACE_FORMAT "\",\"version\":%d,\"rank\":%d,\"size\":%d",
+            DSHIM_TRACE_FORMAT_VERSION, rank, size);
     json_kv_str(f, "host", dshim_log_hostname(), 1);
     fprintf(f, ",\"pid\":%d", (int)getpid());
     json_kv_str(f, "reason", reason, 1);
@@ -217,7 +161,7 @@ static dshim_status_t write_file(const char *dir, int rank, int size, const char
                                  const dshim_trace_snapshot_t *snaps, size_t n, char *path, size_t path_len)
 {
     char tmp[4224];
-    snprintf(path, path_len, "%s/dshim-trace.%d.%d.jsonl", dir, rank, (int)getpid());
+    snprintf(path, path_len, "%s/" DSHIM_TRACE_FILE_PREFIX "%d.%d" DSHIM_TRACE_FILE_SUFFIX, dir, rank, (int)getpid());
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     /* mode 0600, no link followed, never another user's file (a shared DSHIM_TRACE_DIR) */
     int fd = dshim_private_open(tmp, DSHIM_OPEN_TRUNC);

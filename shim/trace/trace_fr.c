@@ -574,12 +574,10 @@ static void p_time(fr_out_t *o, uint64_t mono_ns, int64_t offset)
     }
 }
 
-static void fr_write_entry(fr_out_t *o, fr_ring_t *r, const dshim_trace_entry_t *e, int64_t offset,
-                           int64_t timeout_ms)
+/* The entry's collective and p2p numbers in torch's sense, and the ring's
+ * counters (last enqueued, started, completed) they advance. */
+static void fr_seqs(fr_ring_t *r, const dshim_trace_entry_t *e, int p2p, int64_t *coll_seq_p, int64_t *p2p_seq_p)
 {
-    const dshim_trace_snapshot_t *s = r->s;
-    const fr_map_t *m = fr_lookup(e->op.op);
-    int p2p = m->shape == FR_SEND || m->shape == FR_RECV;
     int64_t coll_seq, p2p_seq;
     if (p2p) {
         r->p2p++;
@@ -597,15 +595,29 @@ static void fr_write_entry(fr_out_t *o, fr_ring_t *r, const dshim_trace_entry_t 
             r->done = coll_seq;
         }
     }
-    char name[96];
+    *coll_seq_p = coll_seq;
+    *p2p_seq_p = p2p_seq;
+}
+
+/* torch's profiling name: "nccl:allreduce", "nccl:send 0->1" */
+static void fr_name(const fr_map_t *m, const dshim_trace_snapshot_t *s, const dshim_trace_entry_t *e, char *name,
+                    size_t cap)
+{
     if (m->shape == FR_SEND) {
-        snprintf(name, sizeof(name), "nccl:send %d->%d", s->rank, e->op.peer);
+        snprintf(name, cap, "nccl:send %d->%d", s->rank, e->op.peer);
     } else if (m->shape == FR_RECV) {
         /* from any source (-1): in a group of two, the other rank */
-        snprintf(name, sizeof(name), "nccl:recv %d<-%d", s->rank, e->op.peer >= 0 ? e->op.peer : 1 - s->rank);
+        snprintf(name, cap, "nccl:recv %d<-%d", s->rank, e->op.peer >= 0 ? e->op.peer : 1 - s->rank);
     } else {
-        snprintf(name, sizeof(name), "nccl:%s", m->type);
+        snprintf(name, cap, "nccl:%s", m->type);
     }
+}
+
+/* Element counts of the input and output tensors as torch records them for
+ * this kind of collective (a side the rank does not have: not present). */
+static void fr_sizes(const fr_map_t *m, const dshim_trace_snapshot_t *s, const dshim_trace_entry_t *e, uint64_t *in_p,
+                     uint64_t *out_p, int *in_present_p, int *out_present_p)
+{
     uint64_t c = e->op.count, cn = e->op.count * (uint64_t)(s->size > 0 ? s->size : 1);
     int root = e->op.root == s->rank;
     int in_present = 1, out_present = 1;
@@ -637,6 +649,65 @@ static void fr_write_entry(fr_out_t *o, fr_ring_t *r, const dshim_trace_entry_t 
     case FR_SAME:
         break;
     }
+    *in_p = in;
+    *out_p = out;
+    *in_present_p = in_present;
+    *out_present_p = out_present;
+}
+
+/* The framework call, shown by fr_trace as the "collective stack trace". */
+static void fr_write_frames(fr_out_t *o, const dshim_trace_snapshot_t *s, const dshim_trace_entry_t *e)
+{
+    p_key(o, "frames");
+    p_list(o);
+    if (e->label[0]) {
+        p_dict(o);
+        p_key(o, "name");
+        p_strn(o, e->label, strnlen(e->label, sizeof(e->label)));
+        p_key(o, "filename"); /* "NAME at FILENAME:LINE": the group, as dshim describes it */
+        if (s->desc[0]) {
+            p_strn(o, s->desc, strnlen(s->desc, sizeof(s->desc)));
+        } else {
+            p_strn(o, s->name, strnlen(s->name, sizeof(s->name)));
+        }
+        p_key(o, "line");
+        p_int(o, 0);
+        p_dict_end(o);
+    }
+    p_list_end(o);
+}
+
+/* dshim's own view (ignored by torch's loader). */
+static void fr_write_dshim(fr_out_t *o, const dshim_trace_entry_t *e)
+{
+    p_key(o, "dshim_op");
+    p_str(o, e->op.op);
+    p_key(o, "dshim_state");
+    const char *state = dshim_trace_state_name((int)e->state);
+    p_str(o, state ? state : "failed");
+    p_key(o, "dshim_waiting_for");
+    p_list(o);
+    for (int i = 0; i < e->nwaiting && i < DSHIM_TRACE_WAIT_MAX; i++) {
+        p_int(o, e->waiting_for[i]);
+    }
+    p_list_end(o);
+    p_key(o, "dshim_bytes");
+    p_int(o, (int64_t)e->op.bytes);
+}
+
+static void fr_write_entry(fr_out_t *o, fr_ring_t *r, const dshim_trace_entry_t *e, int64_t offset,
+                           int64_t timeout_ms)
+{
+    const dshim_trace_snapshot_t *s = r->s;
+    const fr_map_t *m = fr_lookup(e->op.op);
+    int p2p = m->shape == FR_SEND || m->shape == FR_RECV;
+    int64_t coll_seq, p2p_seq;
+    fr_seqs(r, e, p2p, &coll_seq, &p2p_seq);
+    char name[96];
+    fr_name(m, s, e, name, sizeof(name));
+    uint64_t in, out;
+    int in_present, out_present;
+    fr_sizes(m, s, e, &in, &out, &in_present, &out_present);
     const char *dt = fr_dtype(e->op.dtype);
     const char *desc = r->world ? "default_pg" : "undefined";
 
@@ -683,39 +754,8 @@ static void fr_write_entry(fr_out_t *o, fr_ring_t *r, const dshim_trace_entry_t 
     p_int(o, timeout_ms);
     p_key(o, "is_p2p");
     p_bool(o, p2p);
-    /* the framework call, shown by fr_trace as the "collective stack trace" */
-    p_key(o, "frames");
-    p_list(o);
-    if (e->label[0]) {
-        p_dict(o);
-        p_key(o, "name");
-        p_strn(o, e->label, strnlen(e->label, sizeof(e->label)));
-        p_key(o, "filename"); /* "NAME at FILENAME:LINE": the group, as dshim describes it */
-        if (s->desc[0]) {
-            p_strn(o, s->desc, strnlen(s->desc, sizeof(s->desc)));
-        } else {
-            p_strn(o, s->name, strnlen(s->name, sizeof(s->name)));
-        }
-        p_key(o, "line");
-        p_int(o, 0);
-        p_dict_end(o);
-    }
-    p_list_end(o);
-    /* dshim's own view (ignored by torch's loader) */
-    p_key(o, "dshim_op");
-    p_str(o, e->op.op);
-    p_key(o, "dshim_state");
-    p_str(o, (const char *[]){"queued", "started", "waiting", "done", "failed"}[e->state <= DSHIM_TRACE_FAILED
-                                                                                   ? e->state
-                                                                                   : DSHIM_TRACE_FAILED]);
-    p_key(o, "dshim_waiting_for");
-    p_list(o);
-    for (int i = 0; i < e->nwaiting && i < DSHIM_TRACE_WAIT_MAX; i++) {
-        p_int(o, e->waiting_for[i]);
-    }
-    p_list_end(o);
-    p_key(o, "dshim_bytes");
-    p_int(o, (int64_t)e->op.bytes);
+    fr_write_frames(o, s, e);
+    fr_write_dshim(o, e);
     p_dict_end(o);
 }
 

@@ -63,11 +63,7 @@ void dshim_trace_signal_setup(void);
  * a second). */
 dshim_status_t dshim_trace_dump_ex(const char *reason, const char *why, int crash);
 
-/* JSON string body (no quotes) of s into f: escapes ", \ and control
- * characters; bytes that are not UTF-8 become U+FFFD. */
-void dshim_trace_json_str(FILE *f, const char *s);
-
-/* ---- timeline and summary (trace_timeline.c, trace_summary.c; helper H4) ---- */
+/* ---- timeline and summary (trace_timeline.c, trace_summary.c) ---- */
 
 /* 1 when DSHIM_TIMELINE or DSHIM_SUMMARY asks for the finished operations
  * (then the recorder should keep a ring even with DSHIM_TRACE_BUFFER=0). */
@@ -87,10 +83,6 @@ void dshim_trace_timeline_close(const dshim_trace_ring_info_t *ring);
 void dshim_trace_timeline_flush(void);
 /* What the atexit handler does (tests): the file's last line, the summary. */
 void dshim_trace_timeline_finish(void);
-/* JSON string body of s into out (cap bytes, NUL-terminated, never half an
- * escape or character): ", \ and control characters escaped, bytes that are
- * not UTF-8 become \ufffd.  Returns the length. */
-size_t dshim_trace_json_escape(char *out, size_t cap, const char *s);
 
 /* trace_summary.c, fed by the hooks above */
 void dshim_trace_summary_open(uint64_t now_ns, int world_rank);

@@ -52,6 +52,7 @@
 #include "private_fs.h"
 #include "config.h"
 #include "log.h"
+#include "json_str.h"
 #include "trace_impl.h"
 
 #define TL_BUF_SIZE (64 * 1024)
@@ -131,98 +132,6 @@ int dshim_trace_timeline_wanted(void)
 {
     pthread_once(&tl_once, tl_init_once);
     return tl_timeline_on || tl_summary_on;
-}
-
-/* ---- JSON --------------------------------------------------------------- */
-
-/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-    if (c < 0x80) {
-        return 1;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-        len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0) {
-            lo = 0xA0; /* overlong */
-        } else if (c == 0xED) {
-            hi = 0x9F; /* surrogates */
-        }
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0) {
-            lo = 0x90;
-        } else if (c == 0xF4) {
-            hi = 0x8F; /* above U+10FFFF */
-        }
-    } else {
-        return 0;
-    }
-    if (n < len || s[1] < lo || s[1] > hi) {
-        return 0;
-    }
-    for (size_t i = 2; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) {
-            return 0;
-        }
-    }
-    return len;
-}
-
-size_t dshim_trace_json_escape(char *out, size_t cap, const char *s)
-{
-    size_t o = 0;
-    if (cap == 0) {
-        return 0;
-    }
-    const unsigned char *p = (const unsigned char *)(s ? s : "");
-    size_t left = strlen((const char *)p);
-    while (left > 0) {
-        char tmp[8];
-        const char *ins = tmp;
-        size_t n;
-        size_t adv = 1;
-        unsigned char c = *p;
-        if (c == '"' || c == '\\') {
-            tmp[0] = '\\';
-            tmp[1] = (char)c;
-            n = 2;
-        } else if (c == '\n') {
-            ins = "\\n";
-            n = 2;
-        } else if (c == '\t') {
-            ins = "\\t";
-            n = 2;
-        } else if (c == '\r') {
-            ins = "\\r";
-            n = 2;
-        } else if (c < 0x20) {
-            n = (size_t)snprintf(tmp, sizeof(tmp), "\\u%04x", c);
-        } else {
-            adv = utf8_len(p, left);
-            if (adv == 0) {
-                ins = "\\ufffd"; /* not UTF-8 (a label cut inside a character, Latin-1) */
-                n = 6;
-                adv = 1;
-            } else {
-                ins = (const char *)p;
-                n = adv;
-            }
-        }
-        if (o + n >= cap) {
-            break; /* never half an escape or half a character */
-        }
-        memcpy(out + o, ins, n);
-        o += n;
-        p += adv;
-        left -= adv;
-    }
-    out[o] = '\0';
-    return o;
 }
 
 /* ---- the file ----------------------------------------------------------- */
@@ -332,7 +241,7 @@ static void tl_create_locked(void)
     tl.mono0 = dshim_trace_now_ns();
     tl.last_flush_ns = tl.mono0;
     char host[256], line[TL_LINE_MAX];
-    dshim_trace_json_escape(host, sizeof(host), dshim_log_hostname());
+    dshim_json_escape(host, sizeof(host), dshim_log_hostname());
     int n = snprintf(line, sizeof(line),
                      "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"dshim\":{\"format\":\"dshim-timeline\",\"version\":1,"
                      "\"rank\":%d,\"host\":\"%s\",\"pid\":%d,\"realtime_ns\":%llu,\"monotonic_ns\":%llu}},\"traceEvents\":[\n"
@@ -423,10 +332,10 @@ static size_t tl_format(char *line, const tl_track_t *t,
     fmt_us(durbuf, sizeof(durbuf), end - start);
     const char *op = e->op.op ? e->op.op : "?";
     char label[DSHIM_TRACE_LABEL_LEN * 6 + 1], opq[128], algo[128], transport[256];
-    dshim_trace_json_escape(label, sizeof(label), e->label);
-    dshim_trace_json_escape(opq, sizeof(opq), op);
-    dshim_trace_json_escape(algo, sizeof(algo), e->algo ? e->algo : "");
-    dshim_trace_json_escape(transport, sizeof(transport), e->transport ? e->transport : "");
+    dshim_json_escape(label, sizeof(label), e->label);
+    dshim_json_escape(opq, sizeof(opq), op);
+    dshim_json_escape(algo, sizeof(algo), e->algo ? e->algo : "");
+    dshim_json_escape(transport, sizeof(transport), e->transport ? e->transport : "");
     const char *dtype = e->op.dtype >= 0 ? dshim_dtype_name((dshim_dtype_t)e->op.dtype) : "";
     /* milliseconds with 6 decimals, from integers: %f costs more than the rest of the line */
     uint64_t queue_ns = e->t_started_ns > e->t_queued_ns ? e->t_started_ns - e->t_queued_ns : 0;
@@ -468,7 +377,7 @@ static void tl_announce(tl_track_t *t, const dshim_trace_ring_info_t *ring)
         snprintf(name, sizeof(name), "%s rank %d of %d", t->name[0] ? t->name : "communicator", ring->rank,
                  ring->size);
     }
-    dshim_trace_json_escape(esc, sizeof(esc), name);
+    dshim_json_escape(esc, sizeof(esc), name);
     char line[TL_LINE_MAX];
     int n = snprintf(line, sizeof(line),
                      ",{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":\"%s\"}}\n"
@@ -544,7 +453,7 @@ DSHIM_EXPORT void dshim_trace_span(const char *name, uint64_t begin_ns, uint64_t
             }
             char cut[DSHIM_TRACE_LABEL_LEN];
             snprintf(cut, sizeof(cut), "%s", name);
-            dshim_trace_json_escape(esc, sizeof(esc), cut);
+            dshim_json_escape(esc, sizeof(esc), cut);
             uint64_t start = begin_ns, end = end_ns > begin_ns ? end_ns : begin_ns;
             uint64_t ts = start >= tl.mono0 ? tl.real0 + (start - tl.mono0) : tl.real0 - (tl.mono0 - start);
             char tsbuf[32], durbuf[32];

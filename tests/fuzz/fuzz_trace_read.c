@@ -1,6 +1,6 @@
 /*
  * libFuzzer target: the flight-recorder dump reader and the texts made of
- * dumps (shim/trace/trace_read.c, trace_diagnose.c).  Dumps travel from every
+ * dumps (analyser/: trace_read.c, diagnose*.c).  Dumps travel from every
  * host to dshim-run in frames and sit in directories anyone may edit, so the
  * reader takes any bytes.  Input: up to four dumps separated by a 0xff byte
  * (one dump alone exercises the parser; several, the cross-rank analysis of

@@ -8,7 +8,7 @@
  * a command the servers refuse (that call fails, the job goes on),
  * and a killed worker ends every other process with an error naming it, a
  * worker that never pushes ends the job at the server's timeout with the story
- * naming it, the key, the round and the server (issue 19); the
+ * naming it, the key, the round and the server; the
  * sums of every MXNet dtype (merged + recved, through the reduce backend) and
  * PS_VERBOSE's lines in dshim's log.  (The real MXNet runs in tests/mxnet;
  * this covers the protocol in the sanitizer builds.)

@@ -1,4 +1,4 @@
-/* The timeline and the summary (issue 19 item 5): the JSON string escaper,
+/* The timeline and the summary: the JSON string escaper,
  * the per-process writer fed with synthetic finished operations (labels
  * with quotes, newlines, control characters, cut UTF-8), the summary's
  * table, and dshim-run's merge: clock alignment from pings (offset,
@@ -15,13 +15,14 @@
 
 #include "config.h"
 #include "frame.h"
+#include "json_str.h"
 #include "timeline.h"
 #include "trace_impl.h"
 
 static char *esc(const char *s, size_t cap)
 {
     static char out[1024];
-    dshim_trace_json_escape(out, cap, s);
+    dshim_json_escape(out, cap, s);
     return out;
 }
 
@@ -43,6 +44,18 @@ START_TEST(json_escape)
     ck_assert_str_eq(esc("a\xc3\xa9", 3), "a");
     ck_assert_str_eq(esc("x", 1), "");
     ck_assert_str_eq(esc(NULL, 16), "");
+    /* the stream writer follows the same rule, whole */
+    const char *samples[] = {"a\"b\\c", "l1\nl2\tx\r\x01\x7f", "caf\xc3\xa9 \xe2\x82", "latin\xe9 \xed\xa0\x80", ""};
+    for (size_t i = 0; i < sizeof(samples) / sizeof(samples[0]); i++) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        ck_assert_ptr_nonnull(f);
+        dshim_json_write(f, samples[i]);
+        fclose(f);
+        ck_assert_str_eq(buf, esc(samples[i], 1024));
+        free(buf);
+    }
 }
 END_TEST
 

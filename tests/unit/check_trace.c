@@ -1,5 +1,5 @@
 /* The flight recorder's core (shim/trace/trace.c, trace_dump.c,
- * trace_signal.c, issue 19): rings that wrap and count what they dropped,
+ * trace_signal.c): rings that wrap and count what they dropped,
  * states and times, labels taken once and only by their own thread, snapshots
  * under concurrent writers (the TSan build runs this), the dump file as JSON
  * Lines with the documented keys, the recorder off, dumps on DSHIM_TRACE_SIGNAL

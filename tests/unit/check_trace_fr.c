@@ -1,4 +1,4 @@
-/* torch's flight-recorder format (shim/trace/trace_fr.c, issue 19): the file
+/* torch's flight-recorder format (shim/trace/trace_fr.c): the file
  * name torch's analyser parses the rank from, the temporary name that never
  * lingers, DSHIM_TRACE_FR=0, a pickle that starts and ends as protocol 2,
  * bytes that are not UTF-8, and the errors (no rank, no directory).

@@ -1,5 +1,5 @@
 /* Unit tests of the flight-recorder dump reader and what is made of dumps
- * (shim/trace/trace_read.h): the parser on good and on garbage input, a
+ * (analyser/trace_read.h): the parser on good and on garbage input, a
  * directory of dumps, launcher.jsonl, and the diagnosis and status texts for
  * hand-written dumps of every case dshim-run meets: a rank that skipped a
  * collective, an idle rank, a killed rank, a stopped rank, mismatched

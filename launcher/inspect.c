@@ -9,7 +9,7 @@
  * client connects, writes "status\n" and reads the answer until the
  * controller closes: the controller has every agent signal its live ranks
  * for a dump (reason "request": the job goes on), and answers with the
- * per-rank status made of them (shim/trace/trace_read.h).  SIGUSR1 to the
+ * per-rank status made of them (analyser/trace_read.h).  SIGUSR1 to the
  * controller prints the same on its stderr.
  */
 #include <dirent.h>

@@ -1,7 +1,9 @@
 /*
- * Reading flight-recorder dumps ("dshim-trace" v1, trace.h) and what is made
- * of them: the one-screen diagnosis of a failed or hung job and the live
- * status of a running one (docs/observability.md).  Used by dshim-run (on a
+ * The analyser (module `analyser`, linked into dshim-run and the tests, not
+ * into libdshim.so): reading flight-recorder dumps ("dshim-trace" v1,
+ * shim/trace/trace.h and trace_format.h) and what is made of them: the
+ * one-screen diagnosis of a failed or hung job and the live status of a
+ * running one (docs/observability.md).  Used by dshim-run (on a
  * failure, `--status`, `--diagnose DIR`) and by tests; pure functions of the
  * parsed dumps plus what the launcher knows of each process, so that every
  * case can be checked with hand-written dump files.
@@ -17,18 +19,30 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "trace_format.h" /* the writer's side of the format (shim/trace) */
+
 #define DSHIM_TRACE_SEQ_NONE UINT64_MAX /* an entry whose seq was not known yet */
 
-/* One entry of a ring, as read back (trace.h's fields; strings copied). */
+/* One entry of a ring, as read back: a member per field of trace_fields.def
+ * (strings copied and cut to their buffer; "root"/"peer" -1 when none,
+ * "seq" DSHIM_TRACE_SEQ_NONE until known, "state" a dshim_trace_state_t or
+ * -1 for an unknown word; the times on the process's CLOCK_MONOTONIC). */
 typedef struct dshim_trace_rec {
-    uint64_t id, seq;
-    char op[32], dtype[24], redop[16], label[64], algo[32], transport[32];
-    uint64_t count, bytes;
-    int root, peer;         /* -1 when none */
-    int state;              /* dshim_trace_state_t (trace.h); -1 = unknown word */
-    int waiting_for[8];     /* ring ranks */
-    int nwaiting;
-    uint64_t t_queued_ns, t_started_ns, t_done_ns, wait_ns; /* the process's CLOCK_MONOTONIC */
+#define DSHIM_TRACE_U64(key, ident, value) uint64_t key;
+#define DSHIM_TRACE_SEQ(key, ident, value) uint64_t key;
+#define DSHIM_TRACE_INT(key, ident, value) int key;
+#define DSHIM_TRACE_STR(key, cap, ident, value) char key[cap];
+#define DSHIM_TRACE_STATE(key, ident, value) int key;
+#define DSHIM_TRACE_RANKS(key, nkey, cap, ident, value, n) \
+    int key[cap];                                          \
+    int nkey;
+#include "trace_fields.def"
+#undef DSHIM_TRACE_U64
+#undef DSHIM_TRACE_SEQ
+#undef DSHIM_TRACE_INT
+#undef DSHIM_TRACE_STR
+#undef DSHIM_TRACE_STATE
+#undef DSHIM_TRACE_RANKS
 } dshim_trace_rec_t;
 
 /* One ring (communicator) of one dump. */
