@@ -17,7 +17,7 @@
  * be NULL; a buffer may be NULL only when its count is 0 (or where it is
  * "significant only at root", on the other ranks).  Functions of other
  * types say what they do with a NULL; none of them crashes on one
- * (tests/unit/check_api_null.c calls each with each pointer NULL).
+ * (tests/unit/api/check_api_null.c calls each with each pointer NULL).
  */
 #ifndef DSHIM_H
 #define DSHIM_H
@@ -116,6 +116,15 @@ DSHIM_EXPORT dshim_status_t dshim_store_prebind(int port, const char *token, int
  * else the interface DSHIM_SOCKET_IFNAME names, else every interface
  * (dshim_store_prebind: always every interface). */
 DSHIM_EXPORT dshim_status_t dshim_store_prebind_at(const char *addr, int port, const char *token, int *port_p);
+/* The IPv4 address under which the other ranks reach this host, as dotted
+ * text in buf (len >= 16): the address dshim's own data connections use
+ * when the job's master (rendezvous host) is `reach`: the interface
+ * DSHIM_SOCKET_IFNAME & co. name, else the source address of the route to
+ * reach (reach's own address when it is loopback here).  reach may be NULL
+ * or "": this host's name stands for it (127.0.0.1 when that does not
+ * resolve).  How a binding that hosts a rendezvous (the torch backend's
+ * rank 0) chooses the address it publishes, by dshim's one rule. */
+DSHIM_EXPORT dshim_status_t dshim_host_address(const char *reach, char *buf, size_t len);
 /* Collective over `comm`: ranks with the same color form a new communicator,
  * ordered by (key, old rank).  color < 0: *newcomm_p = NULL. */
 DSHIM_EXPORT dshim_status_t dshim_comm_split(dshim_comm_t *comm, int color, int key,
@@ -142,6 +151,21 @@ DSHIM_EXPORT const char *dshim_comm_transport(const dshim_comm_t *comm);
 /* First error seen by the communicator (DSHIM_OK if none); message copied
  * into msg unless msg is NULL or msg_len 0. */
 DSHIM_EXPORT dshim_status_t dshim_comm_get_error(dshim_comm_t *comm, char *msg, size_t msg_len);
+/* The ranks the communicator's first error found missing, as data (its
+ * message names them too): when a collective failed waiting for ranks that
+ * did not arrive at it (the communicator's timeout, or a rank that exited
+ * before it arrived), *seq = that collective's number (the communicator's
+ * collectives counted from 0, as the messages' "allreduce #5"), *nmissing =
+ * how many ranks did not arrive (-1: unknown, the store holding the ranks'
+ * arrival marks did not answer; 0: none known), and the first `cap` of
+ * them, in this communicator's numbering and ascending, into missing.
+ * Returns that error's status (DSHIM_ERR_TIMEOUT, DSHIM_ERR_PEER), or
+ * DSHIM_OK when the communicator has no such verdict (no error, or one
+ * that names no missing ranks: a point-to-point timeout, a mismatch, ...);
+ * DSHIM_ERR_INVALID for a NULL comm, seq or nmissing (or missing with
+ * cap > 0). */
+DSHIM_EXPORT dshim_status_t dshim_comm_get_missing(dshim_comm_t *comm, uint64_t *seq, int *missing, int cap,
+                                                   int *nmissing);
 
 DSHIM_EXPORT const char *dshim_last_error(void);
 DSHIM_EXPORT const char *dshim_status_string(dshim_status_t status);

@@ -27,7 +27,6 @@ import hashlib
 import os
 import queue
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -60,36 +59,24 @@ def _store_host(store):
     return None
 
 
-def _is_loopback(ip):
-    return ip.startswith("127.") or ip == "::1"
-
-
 def _my_address(store):
-    """The IPv4 address under which the other ranks reach this host: the source
-    address of the route to the job's master (MASTER_ADDR, else the torch
-    store's host), or 127.0.0.1 when the master is this host's loopback."""
-    master = os.environ.get("MASTER_ADDR") or _store_host(store)
-    if not master:
-        try:
-            ip = socket.gethostbyname(socket.gethostname())
-            return "127.0.0.1" if _is_loopback(ip) else ip
-        except OSError:
-            return "127.0.0.1"
-    try:
-        ip = socket.getaddrinfo(master, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
-    except OSError as e:
-        raise RuntimeError(f"dshim: cannot resolve the master address {master!r}: {e}; "
-                           f"set MASTER_ADDR to an IPv4 address of rank 0's host") from None
-    if _is_loopback(ip):
-        return "127.0.0.1"
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.connect((ip, 9))   # UDP: no packet is sent, the kernel only picks the route
-        return s.getsockname()[0]
-    except OSError:
-        return ip
-    finally:
-        s.close()
+    """The IPv4 address under which the other ranks reach this host, as the C
+    core chooses it for its own connections (dshim_host_address: the named
+    interface, else the route to the job's master): one rule for both.  The
+    master is the torch store's host (what this rank already reaches; under
+    env:// it is MASTER_ADDR as the script left it, even when the script set
+    os.environ after dshim was loaded), else MASTER_ADDR from dshim's
+    configuration table (a store with no host: FileStore, HashStore)."""
+    lib = _lib.lib()
+    buf = ctypes.create_string_buffer(256)
+    master = _store_host(store) or ""
+    if not master and lib.dshim_config_get(b"MASTER_ADDR", buf, len(buf)) == 0:
+        master = buf.value.decode()
+    if lib.dshim_host_address(master.encode(), buf, len(buf)) != 0:
+        raise RuntimeError(f"dshim: cannot choose the address the other ranks reach this host at "
+                           f"(master {master!r}): {_lib.last_error()}; set MASTER_ADDR to an IPv4 "
+                           f"address of rank 0's host") from None
+    return buf.value.decode()
 
 
 def _prebind_store(token, addr):
@@ -447,10 +434,6 @@ _live = []                 # open communicators, in creation order (atexit close
 _live_lock = threading.Lock()
 _atexit_registered = False
 
-# How the C core's timeout verdict names the ranks that never reached the
-# collective (shim/comm/xfer.c); restated against torch's name of the operation.
-_C_MISSING = "ranks that did not arrive at this collective: "
-
 
 def _at_exit():
     with _live_lock:
@@ -531,15 +514,28 @@ class _Comm:
             return buf.value.decode(errors="replace")
         return _lib.last_error()
 
+    def missing(self):
+        """The C core's verdict as data (dshim_comm_get_missing): (status, seq, ranks)
+        of the collective its first error found ranks missing at, ranks None when
+        unknown; None when its error names no missing ranks."""
+        if not self.comm:
+            return None
+        seq, n = ctypes.c_uint64(), ctypes.c_int()
+        ranks = (ctypes.c_int * self.size)()
+        st = self.lib.dshim_comm_get_missing(self.comm, _byref(seq), ranks, self.size, _byref(n))
+        if st >= 0:
+            return None
+        return st, seq.value, (None if n.value < 0 else list(ranks[:min(n.value, self.size)]))
+
     def fail(self, op, cause, status=None):
         """The RuntimeError of a failed operation: the C core's verdict, led by
         torch's name of the operation.  When this operation is the collective the
         core timed out on, the ranks it found missing are restated up front."""
         head = f"dshim: rank {self.rank} ({self.desc}): {op.label} failed: "
-        if status == _lib.ERR_TIMEOUT and op.seq is not None and _C_MISSING in cause and \
-                any(f" #{s} (" in cause for s in range(op.seq, op.seq + op.ncoll)):
-            missing = cause.split(_C_MISSING, 1)[1].split(";", 1)[0]
-            head += f"ranks that did not arrive at it: {missing}; "
+        verdict = self.missing() if status == _lib.ERR_TIMEOUT and op.seq is not None else None
+        if verdict and verdict[0] == _lib.ERR_TIMEOUT and op.seq <= verdict[1] < op.seq + op.ncoll and verdict[2]:
+            # none known or unknown: the core's message says which, and why
+            head += f"ranks that did not arrive at it: {', '.join(str(r) for r in verdict[2])}; "
         return RuntimeError(head + cause)
 
     # -- bookkeeping shared by both paths --------------------------------------

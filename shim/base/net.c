@@ -161,6 +161,29 @@ void dshim_net_listen_addr(const char *reach, const char *what, char *out, size_
                list ? "the named interfaces match none" : "no interface was named (DSHIM_SOCKET_IFNAME)");
 }
 
+DSHIM_EXPORT dshim_status_t dshim_host_address(const char *reach, char *buf, size_t len)
+{
+    if (buf == NULL || len < INET_ADDRSTRLEN) {
+        return dshim_error(DSHIM_ERR_INVALID, "dshim_host_address: %s; pass a buffer of at least %d bytes",
+                           buf == NULL ? "buf is NULL" : "buf is too short", INET_ADDRSTRLEN);
+    }
+    char own[256];
+    struct in_addr a;
+    if (reach == NULL || reach[0] == '\0') {
+        /* No master named: this host's own name stands for it, so the answer
+         * is still the address the other hosts know this host by. */
+        if (gethostname(own, sizeof(own)) != 0 || (own[sizeof(own) - 1] = '\0', !resolve_quiet(own, &a))) {
+            snprintf(buf, len, "127.0.0.1");
+            return DSHIM_OK;
+        }
+        reach = own;
+    }
+    char why[256];
+    DSHIM_CHECK(dshim_net_pick_local_addr(reach, &a, why, sizeof(why)));
+    inet_ntop(AF_INET, &a, buf, (socklen_t)len);
+    return DSHIM_OK;
+}
+
 /* The configured interface list: the first non-empty of our variable and the
  * frameworks' fallbacks. */
 static const char *ifname_setting(const char **source_p)

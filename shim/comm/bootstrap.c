@@ -796,6 +796,8 @@ void dshim_comm_release(dshim_comm_t *comm)
     free(comm->pending);
     free(comm->p2p_tx);
     free(comm->p2p_rx);
+    free(comm->wait_ranks);
+    free(comm->missing);
     free(comm->scratch);
     pthread_mutex_destroy(&comm->lock);
     pthread_cond_destroy(&comm->cond);
@@ -829,7 +831,9 @@ dshim_status_t dshim_bootstrap(dshim_store_ref_t *store, const char *prefix, int
     comm->pending = calloc((size_t)size, sizeof(*comm->pending));
     comm->p2p_tx = calloc((size_t)size, sizeof(uint64_t));
     comm->p2p_rx = calloc((size_t)size, sizeof(uint64_t));
-    if (!comm->peers || !comm->conns || !comm->conn_state || !comm->pending || !comm->p2p_tx || !comm->p2p_rx) {
+    comm->wait_ranks = calloc((size_t)size, sizeof(int));
+    if (!comm->peers || !comm->conns || !comm->conn_state || !comm->pending || !comm->p2p_tx || !comm->p2p_rx ||
+        !comm->wait_ranks) {
         st = dshim_error(DSHIM_ERR_NOMEM, "out of memory for %d peers", size);
         goto err;
     }

@@ -419,14 +419,17 @@ DSHIM_EXPORT dshim_status_t dshim_comm_destroy(dshim_comm_t *comm)
 /* dshim_comm_fail; `child`: a sub-communicator of the hierarchy failed
  * with its parent, which already logged, counted itself in failseen and
  * dumped the recorder's rings. */
-static dshim_status_t comm_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg, int child)
+static dshim_status_t comm_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg, int child,
+                                dshim_missing_t *verdict)
 {
     pthread_mutex_lock(&comm->lock);
     if (comm->error != DSHIM_OK) {
         pthread_mutex_unlock(&comm->lock);
+        free(verdict);
         dshim_error_set_raw(comm->errmsg);
         return comm->error;
     }
+    comm->missing = verdict;
     char full[sizeof(comm->errmsg)];
     snprintf(full, sizeof(full), "%s", msg);
     if (st == DSHIM_ERR_PEER && comm->store->store) {
@@ -488,10 +491,10 @@ static dshim_status_t comm_fail(dshim_comm_t *comm, dshim_status_t st, const cha
      * exits or at their timeout.  Their errors then carry this one as the
      * first failure in the job. */
     if (comm->local) {
-        comm_fail(comm->local, st, full, 1);
+        comm_fail(comm->local, st, full, 1, NULL);
     }
     if (comm->leaders) {
-        comm_fail(comm->leaders, st, full, 1);
+        comm_fail(comm->leaders, st, full, 1, NULL);
     }
     /* after the peers were told (a dump takes milliseconds); the failed
      * operation is still "waiting" in the ring: its executor marks it
@@ -507,7 +510,22 @@ static dshim_status_t comm_fail(dshim_comm_t *comm, dshim_status_t st, const cha
 
 dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg)
 {
-    return comm_fail(comm, st, msg, 0);
+    return comm_fail(comm, st, msg, 0, NULL);
+}
+
+dshim_status_t dshim_comm_fail_missing(dshim_comm_t *comm, dshim_status_t st, const char *msg, uint64_t seq,
+                                       const int *missing, int n)
+{
+    /* allocated before the lock; a failure that is not the first frees it */
+    dshim_missing_t *v = malloc(sizeof(*v) + sizeof(int) * (size_t)(n > 0 ? n : 0));
+    if (v) {
+        v->seq = seq;
+        v->n = n;
+        if (n > 0) {
+            memcpy(v->ranks, missing, sizeof(int) * (size_t)n);
+        }
+    }
+    return comm_fail(comm, st, msg, 0, v);
 }
 
 DSHIM_EXPORT dshim_status_t dshim_comm_abort(dshim_comm_t *comm, const char *reason)
@@ -613,6 +631,23 @@ DSHIM_EXPORT dshim_status_t dshim_comm_get_error(dshim_comm_t *comm, char *msg, 
     dshim_status_t st = comm->error;
     if (msg && msg_len) {
         snprintf(msg, msg_len, "%s", comm->errmsg);
+    }
+    pthread_mutex_unlock(&comm->lock);
+    return st;
+}
+
+DSHIM_EXPORT dshim_status_t dshim_comm_get_missing(dshim_comm_t *comm, uint64_t *seq, int *missing, int cap,
+                                                   int *nmissing)
+{
+    if (!comm || !seq || !nmissing || (cap > 0 && !missing)) {
+        return DSHIM_ERR_INVALID;
+    }
+    pthread_mutex_lock(&comm->lock);
+    dshim_status_t st = comm->missing ? comm->error : DSHIM_OK;
+    *seq = comm->missing ? comm->missing->seq : 0;
+    *nmissing = comm->missing ? comm->missing->n : 0;
+    for (int i = 0; i < cap && i < *nmissing; i++) {
+        missing[i] = comm->missing->ranks[i];
     }
     pthread_mutex_unlock(&comm->lock);
     return st;

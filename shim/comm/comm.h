@@ -139,6 +139,11 @@ struct dshim_comm {
     /* sticky error: once set every operation fails with it */
     dshim_status_t error;
     char errmsg[768];
+    /* the ranks that did not arrive at the collective the sticky error
+     * failed (wait.h's verdict, set with the error under lock; NULL when it
+     * named none): dshim_comm_get_missing */
+    struct dshim_missing *missing;
+    int *wait_ranks;               /* [size]: the wait rule's list of ranks not arrived (executor only) */
 
     /* scratch for algorithms (grown on demand, executor thread only) */
     void *scratch;
@@ -173,6 +178,14 @@ struct dshim_comm {
     int nhosts;
     int barrier_hier;              /* the barrier runs on local and leaders (coll.h dshim_barrier_hier) */
 };
+
+/* A failure's verdict: collective seq, and the n ranks that did not arrive
+ * at it (n = -1: unknown, the store did not answer). */
+typedef struct dshim_missing {
+    uint64_t seq;
+    int n;
+    int ranks[];
+} dshim_missing_t;
 
 enum {
     DSHIM_ALGO_AUTO = 0,
@@ -223,6 +236,11 @@ dshim_status_t dshim_comm_check_owner(const dshim_comm_t *comm, const char *what
 dshim_status_t dshim_comm_scratch(dshim_comm_t *comm, size_t len, void **ptr_p);
 /* Records the first error, tells peers (store + closing connections). */
 dshim_status_t dshim_comm_fail(dshim_comm_t *comm, dshim_status_t st, const char *msg);
+/* dshim_comm_fail with its verdict: the ranks that did not arrive at
+ * collective seq (missing[0..n), n = -1: unknown), kept when this failure
+ * is the communicator's first (dshim_comm_get_missing). */
+dshim_status_t dshim_comm_fail_missing(dshim_comm_t *comm, dshim_status_t st, const char *msg, uint64_t seq,
+                                       const int *missing, int n);
 /* A communicator over some of comm's ranks, bootstrapped under comm's store
  * prefix + suffix (which the members must agree on) and sharing its store;
  * members[i] is the comm rank of its rank i (for its job_rank). */

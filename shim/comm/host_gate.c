@@ -17,6 +17,7 @@
 #include "log.h"
 #include "net.h"
 #include "status.h"
+#include "wait.h"
 #include "xfer.h"
 
 typedef struct gate_counter {
@@ -150,13 +151,12 @@ static int process_gone(pid_t pid)
     return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
 }
 
-/* The ranks that have not arrived at the episode, as "2, 5"; *first_gone
- * = one of them whose process has exited (-1: none; looked for only when
- * first_gone is given). */
-static void missing_ranks(dshim_comm_t *comm, void *area, uint64_t episode, char *out, size_t len, int *first_gone)
+/* The ranks that have not arrived at the episode, ascending, into out
+ * (room for comm->size); returns how many.  *first_gone = one of them whose
+ * process has exited (-1: none; looked for only when first_gone is given). */
+static int missing_ranks(dshim_comm_t *comm, void *area, uint64_t episode, int *out, int *first_gone)
 {
-    size_t o = 0;
-    out[0] = 0;
+    int n = 0;
     if (first_gone) {
         *first_gone = -1;
     }
@@ -167,10 +167,9 @@ static void missing_ranks(dshim_comm_t *comm, void *area, uint64_t episode, char
         if (first_gone && *first_gone < 0 && process_gone(comm->peers[r].pid)) {
             *first_gone = r;
         }
-        if (o + 32 < len) {
-            dshim_comm_list_rank(comm, r, out, len, &o);
-        }
+        out[n++] = r;
     }
+    return n;
 }
 
 /* A rank other than this one whose process has exited, or -1. */
@@ -184,12 +183,35 @@ static int any_rank_gone(dshim_comm_t *comm)
     return -1;
 }
 
-/* The recorder's entry of the collective waits for the ranks not arrived. */
-static void trace_waiting(dshim_comm_t *comm, void *area, uint64_t episode)
+/* The gate as the wait rule sees it (wait.h): the area and the episode
+ * this rank waits for. */
+typedef struct gate_wait {
+    void *area;
+    uint64_t episode;
+} gate_wait_t;
+
+static void gate_doing(dshim_comm_t *comm, void *ctx, char *out, size_t len)
 {
+    (void)comm;
+    (void)ctx;
+    snprintf(out, len, "waiting in shared memory for every rank to arrive");
+}
+
+static int gate_missing(dshim_comm_t *comm, void *ctx, uint64_t seq, int *out, int *store_silent)
+{
+    (void)seq;
+    (void)store_silent;
+    gate_wait_t *gw = ctx;
+    return missing_ranks(comm, gw->area, gw->episode, out, NULL);
+}
+
+/* The recorder's entry of the collective waits for the ranks not arrived. */
+static void gate_trace_waiting(dshim_comm_t *comm, void *ctx)
+{
+    gate_wait_t *gw = ctx;
     int ranks[DSHIM_TRACE_WAIT_MAX], k = 0;
     for (int r = 0; r < comm->size && k < DSHIM_TRACE_WAIT_MAX; r++) {
-        if (__atomic_load_n(&gate_slot(area, r)->episode, __ATOMIC_ACQUIRE) < episode) {
+        if (__atomic_load_n(&gate_slot(gw->area, r)->episode, __ATOMIC_ACQUIRE) < gw->episode) {
             ranks[k++] = r;
         }
     }
@@ -226,15 +248,17 @@ static void sleep_on_gate(gate_door_t *door, uint64_t episode, int timeout_ms)
 #define GATE_LOOK_MS 50
 
 /* The gate is not open after the spin: sleep, looking every GATE_LOOK_MS
- * for a failed communicator, a rank that exited, the timeout and the
- * stall warnings, as dshim_xfer does for a step. */
+ * for a failed communicator and a rank that exited, with the wait rule's
+ * timeout and stall warnings (wait.h) counted from `start`. */
 static dshim_status_t wait_slow(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *area, uint64_t episode,
                                 double start)
 {
     gate_door_t *door = gate_door(area);
-    const double stall_s = dshim_config()->stall_warn_s;
-    double warn_after = stall_s;
-    int traced = 0, announced = 0, store_silent = 0;
+    gate_wait_t gw = {area, episode};
+    const dshim_wait_source_t src = {gate_doing, gate_missing, gate_trace_waiting, NULL, &gw};
+    dshim_wait_t w;
+    dshim_wait_init(&w, sig, &src);
+    dshim_wait_idle(&w, start);
     while (!is_open(door, episode)) {
         if (__atomic_load_n(&comm->error, __ATOMIC_ACQUIRE) != DSHIM_OK) {
             dshim_error_set_raw(comm->errmsg);
@@ -242,17 +266,12 @@ static dshim_status_t wait_slow(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
         }
         /* a rank that exited first: when its death made another rank fail
          * the communicator, the death is the news */
-        char missing[384];
         int gone = -1;
-        missing_ranks(comm, area, episode, missing, sizeof(missing), &gone);
+        int n = missing_ranks(comm, area, episode, comm->wait_ranks, &gone);
         if (gone >= 0) {
-            char who[160];
-            dshim_comm_describe_peer(comm, gone, who, sizeof(who));
-            dshim_error_quiet(DSHIM_ERR_PEER, "%s exited before it arrived at the collective (ranks that did "
-                              "not arrive at this collective: %s)", who, missing);
-            return dshim_xfer_fail(comm, sig, DSHIM_ERR_PEER);
+            return dshim_wait_fail_gone(comm, &w, gone, comm->wait_ranks, n);
         }
-        if (!missing[0] && (gone = any_rank_gone(comm)) >= 0) {
+        if (n == 0 && (gone = any_rank_gone(comm)) >= 0) {
             /* every rank arrived but the gate stays shut: the last arrival
              * died between its arrival and the open (while it reduced) */
             char who[160];
@@ -269,38 +288,14 @@ static dshim_status_t wait_slow(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
                               "memory (its error is in its log)", who);
             return dshim_xfer_fail(comm, sig, DSHIM_ERR_PEER);
         }
-        double waited = dshim_now() - start;
-        if (!announced && waited > 1.0) {
-            /* for ranks in a collective of messages that wait for this one
-             * (their "did not arrive" list: a rank here has arrived) */
-            dshim_xfer_announce_arrival(comm, sig->seq, &store_silent);
-            announced = 1;
-        }
-        if (waited > comm->timeout_s) {
-            dshim_error_quiet(DSHIM_ERR_TIMEOUT,
-                              "did not complete within %g s " DSHIM_TIMEOUT_WHY " while waiting in shared memory "
-                              "for every rank to arrive; ranks that did not arrive at this collective: %s",
-                              comm->timeout_s, missing[0] ? missing : "none known (check the other ranks' logs)");
-            return dshim_xfer_fail(comm, sig, DSHIM_ERR_TIMEOUT);
-        }
-        if (stall_s > 0 && waited >= warn_after) {
-            DSHIM_WARN("rank %d (host %s): %s #%" PRIu64 " has made no progress for %.0f s while waiting in shared "
-                       "memory for every rank to arrive; ranks that have not arrived at it: %s; it fails after %g s "
-                       "without progress (the communicator's timeout; DSHIM_STALL_WARN sets how often this is said)",
-                       comm->rank, comm->peers[comm->rank].hostname, dshim_coll_name(sig->coll), sig->seq, waited,
-                       missing, comm->timeout_s);
-            warn_after += stall_s;
-        }
-        if (comm->trace && !traced) {
-            trace_waiting(comm, area, episode);
-            traced = 1;
-        }
-        double left_ms = (comm->timeout_s - waited) * 1000;
-        sleep_on_gate(door, episode, left_ms < GATE_LOOK_MS ? (int)left_ms + 1 : GATE_LOOK_MS);
+        /* the arrival mark is for ranks in a collective of messages that
+         * wait for this one (their "did not arrive" list: a rank here has
+         * arrived) */
+        int sleep_ms;
+        DSHIM_CHECK(dshim_wait_look(comm, &w, dshim_now(), GATE_LOOK_MS, &sleep_ms));
+        sleep_on_gate(door, episode, sleep_ms);
     }
-    if (traced) {
-        dshim_trace_moving(comm->trace, comm->trace_op);
-    }
+    dshim_wait_moving(comm, &w);
     return DSHIM_OK;
 }
 

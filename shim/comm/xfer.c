@@ -12,6 +12,7 @@
 #include "host_gate.h"
 #include "net.h"
 #include "status.h"
+#include "wait.h"
 #include "xfer.h"
 
 #define WIRE_MAGIC   0x4D485344u /* "DSHM" */
@@ -577,68 +578,30 @@ static void trace_moving(dshim_comm_t *comm, int p2p, dshim_xfer_op_t *ops, int 
     }
 }
 
-/* Store calls made while a collective waits are bookkeeping: they give up
- * after this long (at most a quarter of the timeout) so that a stopped or
- * cut-off store host (rank 0, or the launcher) cannot stretch the wait past
- * the communicator's timeout or hold back its stall warnings. */
-static double store_peek_s(const dshim_comm_t *comm)
+/* A step as the wait rule sees it (wait.h): its ops, and whether they are
+ * a point-to-point batch (an entry per request in the recorder). */
+typedef struct step_wait {
+    dshim_xfer_op_t *ops;
+    int n;
+    int p2p;
+} step_wait_t;
+
+static void step_doing(dshim_comm_t *comm, void *ctx, char *out, size_t len)
 {
-    double q = comm->timeout_s / 4;
-    return q < 0.5 ? q : 0.5;
+    step_wait_t *sw = ctx;
+    waiting_on(comm, sw->ops, sw->n, out, len);
 }
 
-/* Announces in the store that this rank reached collective `seq` and is
- * waiting there: `<prefix>at/<rank>` = the latest such seq.  One key per rank
- * (not per collective), and a rank that already finished `seq` and waits in
- * a later one still counts as arrived.  Best effort: an unanswered store
- * only leaves the mark unset (missing_ranks then says the store is silent). */
-void dshim_xfer_announce_arrival(dshim_comm_t *comm, uint64_t seq, int *store_silent)
+static void step_trace_waiting(dshim_comm_t *comm, void *ctx)
 {
-    char key[160], val[24];
-    snprintf(key, sizeof(key), "%sat/%d", comm->prefix, comm->rank);
-    int n = snprintf(val, sizeof(val), "%" PRIu64, seq);
-    double patience = dshim_store_patience(store_peek_s(comm));
-    if (dshim_store_set(comm->store->store, key, val, (size_t)n) != DSHIM_OK) {
-        *store_silent = 1;
-    }
-    dshim_store_patience(patience);
+    step_wait_t *sw = ctx;
+    trace_wait(comm, sw->p2p, sw->ops, sw->n);
 }
 
-/* The ranks whose arrival mark is below `seq`, as text; when the store does
- * not answer (now, or earlier in this wait: *store_silent), says so instead
- * of naming ranks it could not ask about. */
-static void missing_ranks(dshim_comm_t *comm, uint64_t seq, char *out, size_t len, int *store_silent)
+static void step_trace_moving(dshim_comm_t *comm, void *ctx)
 {
-    size_t o = 0;
-    out[0] = 0;
-    double patience = dshim_store_patience(store_peek_s(comm));
-    for (int r = 0; r < comm->size && o + 32 < len && !*store_silent; r++) {
-        if (r == comm->rank) {
-            continue;
-        }
-        char key[160];
-        void *val = NULL;
-        size_t vl = 0;
-        snprintf(key, sizeof(key), "%sat/%d", comm->prefix, r);
-        dshim_status_t st = dshim_store_try_get(comm->store->store, key, &val, &vl);
-        if (st == DSHIM_OK) {
-            uint64_t at = strtoull(val, NULL, 10);
-            free(val);
-            if (at >= seq) {
-                continue;
-            }
-        } else if (st != DSHIM_INPROGRESS) {
-            *store_silent = 1;
-            break;
-        }
-        dshim_comm_list_rank(comm, r, out, len, &o);
-    }
-    dshim_store_patience(patience);
-    if (*store_silent) {
-        /* no ';' in it: the torch plugin cuts the list at the next one */
-        snprintf(out, len, "unknown (the rendezvous store at %s:%d did not answer: its host, rank 0 or the "
-                 "launcher, may be stopped, cut off or gone)", comm->store->addr, comm->store->port);
-    }
+    step_wait_t *sw = ctx;
+    trace_moving(comm, sw->p2p, sw->ops, sw->n);
 }
 
 /* Sleeps until a connection we are blocked on may move (the transports'
@@ -768,6 +731,12 @@ dshim_status_t dshim_xfer_write_peer(dshim_comm_t *comm, int peer, const void *b
 
 dshim_status_t dshim_xfer_fail(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st)
 {
+    return dshim_xfer_fail_missing(comm, sig, st, NULL, 0);
+}
+
+dshim_status_t dshim_xfer_fail_missing(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st,
+                                       const int *missing, int n)
+{
     char call[160], msg[1024];
     /* handshakes this step began are given up (the communicator fails) */
     for (int r = 0; r < comm->size; r++) {
@@ -780,7 +749,7 @@ dshim_status_t dshim_xfer_fail(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
     }
     snprintf(msg, sizeof(msg), "rank %d (%shost %s) in %s: %s", comm->rank, job, comm->peers[comm->rank].hostname,
              call, dshim_last_error());
-    return dshim_comm_fail(comm, st, msg);
+    return missing || n ? dshim_comm_fail_missing(comm, st, msg, sig->seq, missing, n) : dshim_comm_fail(comm, st, msg);
 }
 
 void dshim_xfer_link(dshim_xfer_op_t *ops, int first, int n)
@@ -897,45 +866,6 @@ static dshim_status_t step_all(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
     return DSHIM_OK;
 }
 
-/* Nothing moved for the communicator's timeout: fails the step, naming what
- * it waited for and (collectives) the ranks that never arrived. */
-static dshim_status_t fail_timeout(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n,
-                                   int *store_silent)
-{
-    char who[768], missing[384];
-    waiting_on(comm, ops, n, who, sizeof(who));
-    if (sig->coll == DSHIM_COLL_P2P) {
-        /* point-to-point messages are numbered per peer: no arrival
-         * marks; `who` names the peers that did not send */
-        dshim_error_quiet(DSHIM_ERR_TIMEOUT, "did not complete within %g s " DSHIM_TIMEOUT_WHY " while %s",
-                          comm->timeout_s, who);
-        return dshim_xfer_fail(comm, sig, DSHIM_ERR_TIMEOUT);
-    }
-    missing_ranks(comm, sig->seq, missing, sizeof(missing), store_silent);
-    dshim_error_quiet(DSHIM_ERR_TIMEOUT,
-                      "did not complete within %g s " DSHIM_TIMEOUT_WHY " while %s; ranks that did not arrive "
-                      "at this collective: %s",
-                      comm->timeout_s, who, missing[0] ? missing : "none known (check the other ranks' logs)");
-    return dshim_xfer_fail(comm, sig, DSHIM_ERR_TIMEOUT);
-}
-
-/* Nothing moved for `waited` seconds, less than the timeout: a warning naming
- * the operation and whom it waits for, so that a long timeout (torch's 30 min)
- * is never a silent hang.  Not an error: the operation goes on waiting. */
-static void warn_stall(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops, int n, double waited,
-                       int *store_silent)
-{
-    char who[768], missing[384] = "";
-    waiting_on(comm, ops, n, who, sizeof(who));
-    if (sig->coll != DSHIM_COLL_P2P) {
-        missing_ranks(comm, sig->seq, missing, sizeof(missing), store_silent);
-    }
-    DSHIM_WARN("rank %d (host %s): %s #%" PRIu64 " has made no progress for %.0f s while %s%s%s; it fails after "
-               "%g s without progress (the communicator's timeout; DSHIM_STALL_WARN sets how often this is said)",
-               comm->rank, comm->peers[comm->rank].hostname, dshim_coll_name(sig->coll), sig->seq, waited, who,
-               missing[0] ? "; ranks that have not arrived at it: " : "", missing, comm->timeout_s);
-}
-
 /* The wait failed with st (a peer is gone).  DSHIM_OK when an op could still
  * move; else the step fails with the wait's cause. */
 static dshim_status_t retry_after_wait_error(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_xfer_op_t *ops,
@@ -1021,30 +951,25 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
     int watch_event = 0;  /* the last sleep watched comm->conn_event */
     DSHIM_CHECK(check_peers(comm, sig, ops, 0, n, &connecting));
     int any_connects = dshim_comm_connects_pending(comm, NULL, NULL) > 0;
-    /* when the op began to wait, and the last time data moved: read at the
-     * first idle loop, not here (most steps never wait) */
-    double start = 0, last_progress = 0;
-    int announced = 0;
-    int store_silent = 0; /* the store gave up on once in this wait: not asked again */
-    const double stall_s = dshim_config()->stall_warn_s;
-    double warn_after = stall_s;
     const double spin_s = (double)comm->spin_us * 1e-6;
     double spin_now = spin_s; /* this idle spell's spin: see mid_message_spin */
     unsigned idle_loops = 0;
     int next_source = (comm->rank + 1) % comm->size;
-    /* the recorder's entries were marked waiting (once per idle spell; again
-     * when a batch grew meanwhile).  p2p: read now, a batch's sig is its first
-     * request's, which its owner may free once it is reported done */
-    int trace_waiting = 0, trace_remark = 0;
     const int p2p = sig->coll == DSHIM_COLL_P2P;
     /* a batch's sig is its first request's, which its owner may free once
-     * it is reported done: the failure and stall messages below use a copy
-     * (each op moves under its own op->sig) */
+     * it is reported done: the failure and stall messages use a copy (each
+     * op moves under its own op->sig) */
     dshim_coll_sig_t batch_sig;
     if (p2p) {
         batch_sig = *sig;
         sig = &batch_sig;
     }
+    /* the wait rule's state: its clock starts at the first idle loop, not
+     * here (most steps never wait) */
+    step_wait_t sw = {ops, n, p2p};
+    const dshim_wait_source_t src = {step_doing, NULL, step_trace_waiting, step_trace_moving, &sw};
+    dshim_wait_t w;
+    dshim_wait_init(&w, sig, &src);
     while (1) {
         int remaining = 0, moved = 0;
         if (watch_event) {
@@ -1081,25 +1006,23 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
                 dshim_xfer_link(ops, old_n, n);
                 DSHIM_CHECK(check_peers(comm, sig, ops, old_n, n, &connecting));
                 any_connects = dshim_comm_connects_pending(comm, NULL, NULL) > 0;
-                trace_remark = trace_waiting;
+                sw.n = n;
+                dshim_wait_remark(&w);
                 continue;
             }
         }
         if (!remaining) {
-            if (trace_waiting && !p2p) {
+            if (!p2p) {
                 /* the op may go on with another step: not waiting now (a
                  * batch's requests are all reported done) */
-                trace_moving(comm, p2p, ops, n);
+                dshim_wait_moving(comm, &w);
             }
             return DSHIM_OK;
         }
         if (moved) {
             dshim_waiter_disarm(&comm->waiter);
             idle_loops = 0;
-            if (trace_waiting) {
-                trace_moving(comm, p2p, ops, n);
-                trace_waiting = 0;
-            }
+            dshim_wait_moving(comm, &w);
             continue;
         }
         if (__atomic_load_n(&comm->error, __ATOMIC_ACQUIRE) != DSHIM_OK) {
@@ -1128,13 +1051,9 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
             spin_now = spin_s > 0 && !comm->spin_yields && mid_message(ops, n) && spin_s < MID_MESSAGE_SPIN_S
                            ? MID_MESSAGE_SPIN_S
                            : spin_s;
-            last_progress = now;
-            warn_after = stall_s;
-            if (start == 0) {
-                start = now;
-            }
+            dshim_wait_idle(&w, now);
         }
-        if (!clock_due || now - last_progress < spin_now) {
+        if (!clock_due || now - w.since < spin_now) {
             /* yields: with more ranks than cores on every poll (the peer
              * needs the core), else every 64th (a peer may share this core) */
             if (comm->spin_yields || (loop & 63) == 63) {
@@ -1149,32 +1068,11 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
              * peer's progress after this look wakes us (transport.h) */
             continue;
         }
-        double waited = now - last_progress;
         if (comm->gate_transport >= 0 && comm->check_sig && !p2p) {
             DSHIM_CHECK(check_gate(comm, sig));
         }
-        if (!announced && now - start > 1.0) {
-            /* collectives only: a point-to-point number (per peer) would
-             * pass for the collective of that number */
-            if (sig->coll != DSHIM_COLL_P2P) {
-                dshim_xfer_announce_arrival(comm, sig->seq, &store_silent);
-            }
-            announced = 1;
-        }
-        if (waited > comm->timeout_s) {
-            return fail_timeout(comm, sig, ops, n, &store_silent);
-        }
-        if (stall_s > 0 && waited >= warn_after) {
-            warn_stall(comm, sig, ops, n, waited, &store_silent);
-            warn_after += stall_s;
-        }
-        double left = comm->timeout_s - waited;
-        int tmo = left > 0.1 ? 100 : (int)(left * 1000) + 1;
-        if (comm->trace && (!trace_waiting || trace_remark)) {
-            trace_wait(comm, p2p, ops, n);
-            trace_waiting = 1;
-            trace_remark = 0;
-        }
+        int tmo;
+        DSHIM_CHECK(dshim_wait_look(comm, &w, now, 100, &tmo));
         dshim_status_t st = wait_for_events(comm, ops, n, tmo, &watch_event);
         if (st != DSHIM_OK) {
             DSHIM_CHECK(retry_after_wait_error(comm, sig, ops, n, esize, hooks, &next_source, st));

@@ -85,22 +85,16 @@ dshim_status_t dshim_xfer_write_peer(dshim_comm_t *comm, int peer, const void *b
  * (dshim_last_error), worded as every failed step is: "rank R (host H) in
  * <the call>: <error>". */
 dshim_status_t dshim_xfer_fail(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st);
-
-/* Announces in the store that this rank waits in collective `seq` (for the
- * other ranks' "did not arrive" lists); *store_silent set when the store did
- * not answer (best effort, bounded). */
-void dshim_xfer_announce_arrival(dshim_comm_t *comm, uint64_t seq, int *store_silent);
+/* dshim_xfer_fail with the ranks that did not arrive at the collective
+ * (missing[0..n), n = -1: unknown), kept as the failure's verdict
+ * (wait.h). */
+dshim_status_t dshim_xfer_fail_missing(dshim_comm_t *comm, const dshim_coll_sig_t *sig, dshim_status_t st,
+                                       const int *missing, int n);
 
 /* Fails the communicator with the mismatch error: this rank's call (sig)
  * against peer's (theirs). */
 dshim_status_t dshim_xfer_fail_mismatch(dshim_comm_t *comm, const dshim_coll_sig_t *sig, int peer,
                                         const dshim_coll_sig_t *theirs);
-
-/* The one place that words a timeout's cause: the torch plugin reports it
- * as is (python/dshim/_comm.py), and torch's own tests look for " timeout ". */
-#define DSHIM_TIMEOUT_WHY                                                                                            \
-    "(no progress for that long: the communicator's timeout for a stalled operation, DSHIM_TIMEOUT or the one the " \
-    "framework set, e.g. torch's init_process_group timeout)"
 
 /* Convenience constructors. */
 static inline dshim_xfer_op_t dshim_xf_send(int peer, const void *buf, size_t len)

@@ -59,6 +59,29 @@ dshim_ps_role_t dshim_ps_role(void);
 dshim_status_t dshim_ps_env_load(dshim_ps_env_t *env);
 const char *dshim_ps_role_name(dshim_ps_role_t role);
 
+/* --- DSHIM_TIMEOUT: the one reading of the user's timeout ------------------
+ * Every deadline of the parameter server that is the user's timeout comes
+ * from here (the fixed deadlines of single protocol steps are ps_proto.h's
+ * DSHIM_PS_*_S).  Each deadline has one owner: the process that knows why
+ * it passed says so.  A round that waits for a worker's push is the
+ * server's (it names the worker); a barrier is the scheduler's (it names
+ * who did not reach it); a server or scheduler that does not answer at all
+ * is its client's.  So that a client never takes a live peer for a silent
+ * one, a server with a waiting round and the scheduler with an open barrier
+ * send WAITING to the nodes that wait on them every dshim_ps_alive_every;
+ * the client's own deadline counts from the last word it heard. */
+
+/* The deadline DSHIM_TIMEOUT after `from` (dshim_now's clock), or 0 when
+ * the timeout is off (DSHIM_TIMEOUT <= 0): dshim_ps_send's and
+ * dshim_ps_recv_*'s "no deadline". */
+double dshim_ps_deadline(const dshim_ps_env_t *env, double from);
+/* Whether DSHIM_TIMEOUT has passed since `since` at `now` (never when off). */
+int dshim_ps_timed_out(const dshim_ps_env_t *env, double since, double now);
+/* How often a peer that others wait on says WAITING: well within the
+ * timeout (a quarter of it, at most 1 s), so a live one is never silent
+ * for the timeout. */
+double dshim_ps_alive_every(const dshim_ps_env_t *env);
+
 /* --- key placement (MXNet's EncodeDefaultKey / EncodeCompressedKey) ------ */
 typedef struct dshim_ps_part {
     int server;

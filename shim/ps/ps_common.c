@@ -153,9 +153,25 @@ void dshim_ps_hdr_init(dshim_ps_hdr_t *h, int type, int key, uint64_t len)
 
 const char *dshim_ps_msg_name(int type)
 {
-    static const char *names[] = {"?", "HELLO", "ASSIGN", "BARRIER", "BARRIER_DONE", "DEAD", "BYE",
-                                  "WHELLO", "PUSH", "PULL", "CMD", "REPLY", "ERROR", "STOP", "FAIL"};
-    return (type > 0 && type <= DSHIM_PS_MSG_FAIL) ? names[type] : "?";
+    static const char *names[] = {"?",    "HELLO", "ASSIGN", "BARRIER", "BARRIER_DONE", "DEAD", "BYE", "WHELLO",
+                                  "PUSH", "PULL",  "CMD",    "REPLY",   "ERROR",        "STOP", "FAIL", "WAITING"};
+    return (type > 0 && type <= DSHIM_PS_MSG_WAITING) ? names[type] : "?";
+}
+
+double dshim_ps_deadline(const dshim_ps_env_t *env, double from)
+{
+    return env->timeout_s > 0 ? from + env->timeout_s : 0;
+}
+
+int dshim_ps_timed_out(const dshim_ps_env_t *env, double since, double now)
+{
+    return env->timeout_s > 0 && now - since >= env->timeout_s;
+}
+
+double dshim_ps_alive_every(const dshim_ps_env_t *env)
+{
+    double q = env->timeout_s > 0 ? env->timeout_s / 4 : 1.0;
+    return q < 0.01 ? 0.01 : q < 1.0 ? q : 1.0;
 }
 
 static dshim_status_t wait_fd(int fd, short events, double deadline)

@@ -111,6 +111,11 @@ static void *monitor_main(void *arg)
         if (closing) {
             return NULL;
         }
+        if (st == DSHIM_OK) {
+            pthread_mutex_lock(&node->mu);
+            node->sched_heard = dshim_now();
+            pthread_mutex_unlock(&node->mu);
+        }
         if (st != DSHIM_OK) {
             char msg[512];
             snprintf(msg, sizeof(msg), "dshim ps: lost the scheduler at %s:%d (%s): the scheduler process died or "
@@ -138,10 +143,10 @@ static void *monitor_main(void *arg)
         } else if (h.type == DSHIM_PS_MSG_DEAD) {
             char text[448] = "";
             size_t k = h.len < sizeof(text) - 1 ? h.len : sizeof(text) - 1;
-            if (dshim_ps_recv_body(node->sched_fd, text, k, dshim_now() + 5) != DSHIM_OK) {
+            if (dshim_ps_recv_body(node->sched_fd, text, k, dshim_now() + DSHIM_PS_REST_S) != DSHIM_OK) {
                 break;
             }
-            dshim_ps_skip_body(node->sched_fd, h.len - k, dshim_now() + 5);
+            dshim_ps_skip_body(node->sched_fd, h.len - k, dshim_now() + DSHIM_PS_REST_S);
             text[k] = '\0';
             pthread_mutex_lock(&node->mu);
             node->dead_groups[group_index(h.key)]++;
@@ -153,7 +158,8 @@ static void *monitor_main(void *arg)
             dshim_ps_node_fail(node, msg);
             break;
         } else {
-            dshim_ps_skip_body(node->sched_fd, h.len, dshim_now() + 5);
+            /* WAITING: the scheduler lives, a barrier waits for another node */
+            dshim_ps_skip_body(node->sched_fd, h.len, dshim_now() + DSHIM_PS_REST_S);
         }
     }
     pthread_t t;
@@ -260,6 +266,11 @@ dshim_status_t dshim_ps_node_start(const dshim_ps_env_t *env, dshim_ps_node_t **
     }
     node->rank = as.rank;
     dshim_ps_trace_node_open(node);
+    if (env->role == DSHIM_PS_WORKER && node->wtrace == NULL) {
+        /* it holds the worker's one deadline on its servers (ps.h) */
+        st = dshim_error(DSHIM_ERR_NOMEM, "parameter server: out of memory");
+        goto fail;
+    }
     DSHIM_PS_INFO(env, node->rank, "registered: rank %d of %d %ss (%d workers, %d servers)", node->rank,
                   env->role == DSHIM_PS_SERVER ? env->num_servers : env->num_workers, dshim_ps_role_name(env->role),
                   env->num_workers, env->num_servers);
@@ -296,30 +307,30 @@ dshim_status_t dshim_ps_barrier(dshim_ps_node_t *node, int group)
     dshim_ps_hdr_t h;
     dshim_ps_hdr_init(&h, DSHIM_PS_MSG_BARRIER, group, 0);
     pthread_mutex_lock(&node->send_mu);
-    dshim_status_t st = dshim_ps_send(node->sched_fd, &h, NULL, dshim_now() + node->env.timeout_s);
+    double sent = dshim_now();
+    dshim_status_t st = dshim_ps_send(node->sched_fd, &h, NULL, dshim_ps_deadline(&node->env, sent));
     pthread_mutex_unlock(&node->send_mu);
     DSHIM_PS_INFO(&node->env, node->rank, "barrier (group %d)", group);
-    double deadline = dshim_now() + node->env.timeout_s;
+    /* the barrier's deadline is the scheduler's, which names who did not
+     * reach it (DEAD to everyone); this node's own is the scheduler's
+     * silence: it says WAITING while the barrier waits (ps.h) */
+    const double look_s = dshim_ps_alive_every(&node->env);
     pthread_mutex_lock(&node->mu);
     while (st == DSHIM_OK && node->barriers_done < target && node->failure[0] == '\0') {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 1;
+        long ns = ts.tv_nsec + (long)(look_s * 1e9);
+        ts.tv_sec += ns / 1000000000L;
+        ts.tv_nsec = ns % 1000000000L;
         pthread_cond_timedwait(&node->cond, &node->mu, &ts);
-        if (dshim_now() > deadline) {
+        double quiet_since = node->sched_heard > sent ? node->sched_heard : sent;
+        if (dshim_ps_timed_out(&node->env, quiet_since, dshim_now())) {
             st = DSHIM_ERR_TIMEOUT;
         }
     }
     int done = node->barriers_done >= target;
-    pthread_mutex_unlock(&node->mu);
-    if (!done && st == DSHIM_ERR_TIMEOUT) {
-        /* the scheduler times the barrier out too, and names who is missing */
-        dshim_ps_wait_failure(node, 3.0);
-    }
-    pthread_mutex_lock(&node->mu);
     char failure[512];
     snprintf(failure, sizeof(failure), "%s", node->failure);
-    done = node->barriers_done >= target;
     pthread_mutex_unlock(&node->mu);
     dshim_ps_trace_barrier_end(node, trace_id, done);
     if (done) {
@@ -328,10 +339,13 @@ dshim_status_t dshim_ps_barrier(dshim_ps_node_t *node, int group)
     if (failure[0]) {
         return dshim_error(DSHIM_ERR_PEER, "%s", failure);
     }
-    return dshim_error(st == DSHIM_ERR_TIMEOUT ? DSHIM_ERR_TIMEOUT : DSHIM_ERR_PEER,
-                       "%s %d: barrier over group %d %s after %.0f s (DSHIM_TIMEOUT): another process did not "
-                       "reach it (unequal numbers of batches?)", dshim_ps_role_name(node->env.role), node->rank,
-                       group, st == DSHIM_ERR_TIMEOUT ? "timed out" : "failed", node->env.timeout_s);
+    if (st == DSHIM_ERR_TIMEOUT) {
+        return dshim_error(DSHIM_ERR_TIMEOUT, "%s %d: barrier over group %d: the scheduler at %s:%d said nothing for "
+                           "%.0f s (DSHIM_TIMEOUT): it is stopped or stuck", dshim_ps_role_name(node->env.role),
+                           node->rank, group, node->env.root_uri, node->env.root_port, node->env.timeout_s);
+    }
+    return dshim_error(DSHIM_ERR_PEER, "%s %d: barrier over group %d failed: the scheduler's connection broke",
+                       dshim_ps_role_name(node->env.role), node->rank, group);
 }
 
 int dshim_ps_num_dead(dshim_ps_node_t *node, int group)
@@ -360,7 +374,7 @@ void dshim_ps_node_tell_failure(dshim_ps_node_t *node, const char *why)
     dshim_ps_hdr_t h;
     dshim_ps_hdr_init(&h, DSHIM_PS_MSG_FAIL, 0, len);
     pthread_mutex_lock(&node->send_mu);
-    dshim_ps_send(node->sched_fd, &h, why, dshim_now() + 2);
+    dshim_ps_send(node->sched_fd, &h, why, dshim_now() + DSHIM_PS_FAREWELL_S);
     pthread_mutex_unlock(&node->send_mu);
 }
 
@@ -379,7 +393,7 @@ dshim_status_t dshim_ps_node_finish(dshim_ps_node_t *node, int skip_barrier)
         dshim_ps_hdr_t h;
         dshim_ps_hdr_init(&h, DSHIM_PS_MSG_BYE, 0, 0);
         pthread_mutex_lock(&node->send_mu);
-        dshim_ps_send(node->sched_fd, &h, NULL, dshim_now() + 5);
+        dshim_ps_send(node->sched_fd, &h, NULL, dshim_now() + DSHIM_PS_REST_S);
         pthread_mutex_unlock(&node->send_mu);
     }
     if (node->env.counters) {

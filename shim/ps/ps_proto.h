@@ -26,7 +26,27 @@ enum {
     DSHIM_PS_MSG_ERROR,         /* server -> worker: seq; payload = text */
     DSHIM_PS_MSG_STOP,          /* scheduler -> server: every worker left without kStopServer */
     DSHIM_PS_MSG_FAIL,          /* node -> scheduler: it ends with this error (payload = text) */
+    DSHIM_PS_MSG_WAITING,       /* server -> worker, scheduler -> node: alive, waiting for another node (ps.h) */
 };
+
+/* Fixed deadlines of single protocol steps, which are not the user's
+ * DSHIM_TIMEOUT (dshim_ps_deadline): their length does not depend on the
+ * job, and a peer that stopped in the middle of one must not hold a node
+ * for the user's timeout (torch's and MXNet's run to 30 min). */
+/* a control message to or from a peer that is reading (a connecting node's
+ * hello, the scheduler's ASSIGN, BARRIER_DONE and STOP, a node's message to
+ * the scheduler once its header came) */
+#define DSHIM_PS_CONTROL_S 10.0
+/* the rest of a scheduler's message once its header came (it writes each
+ * whole), and a node's BYE before its clean end */
+#define DSHIM_PS_REST_S 5.0
+/* a word to a peer that may be gone or stopped (a death notice, FAIL, a
+ * worker's goodbye): best effort, the sender ends anyway */
+#define DSHIM_PS_FAREWELL_S 2.0
+/* how long a node whose connection to a peer broke waits for the
+ * scheduler's death notice, which names the process (the scheduler sees the
+ * same connection close; no timer of anyone's is involved) */
+#define DSHIM_PS_NOTICE_S 2.0
 
 #define DSHIM_PS_F_PULL 1u       /* push: answer with the stored value */
 #define DSHIM_PS_F_COMPRESSED 2u /* push: 2-bit words of `nelem` values */
@@ -112,6 +132,7 @@ struct dshim_ps_node {
     int closing;
     int stop_requested;        /* the scheduler's STOP: every worker left without a barrier */
     unsigned long barriers_done;
+    double sched_heard;        /* dshim_now() of the scheduler's last message (its silence times a barrier out) */
     int dead_groups[8];        /* dead nodes per group bit index */
     char failure[512];         /* first death / scheduler loss */
     int failure_told;          /* the scheduler knows it (its notice, or lost) */

@@ -81,7 +81,7 @@ static void announce_end(const dshim_ps_env_t *env, sched_node_t *nodes, int tot
     dshim_ps_hdr_init(&h, DSHIM_PS_MSG_DEAD, group_of(n), strlen(text));
     for (int i = 0; i < total; i++) {
         if (&nodes[i] != n && nodes[i].fd >= 0 && !nodes[i].bye) {
-            dshim_ps_send(nodes[i].fd, &h, text, dshim_now() + 2);
+            dshim_ps_send(nodes[i].fd, &h, text, dshim_now() + DSHIM_PS_FAREWELL_S);
         }
     }
     if (out != NULL) {
@@ -116,8 +116,9 @@ static dshim_status_t registration(const dshim_ps_env_t *env, int lfd, sched_nod
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         dshim_ps_hdr_t h;
         dshim_ps_hello_t hello;
-        if (dshim_ps_recv_hdr(fd, &h, dshim_now() + 10) != DSHIM_OK || h.type != DSHIM_PS_MSG_HELLO ||
-            h.len != sizeof(hello) || dshim_ps_recv_body(fd, &hello, sizeof(hello), dshim_now() + 10) != DSHIM_OK) {
+        const double hello_by = dshim_now() + DSHIM_PS_CONTROL_S;
+        if (dshim_ps_recv_hdr(fd, &h, hello_by) != DSHIM_OK || h.type != DSHIM_PS_MSG_HELLO ||
+            h.len != sizeof(hello) || dshim_ps_recv_body(fd, &hello, sizeof(hello), hello_by) != DSHIM_OK) {
             DSHIM_PS_INFO(env, -1, "dropped a connection that did not speak the parameter-server protocol");
             close(fd);
             continue;
@@ -185,7 +186,7 @@ static dshim_status_t registration(const dshim_ps_env_t *env, int lfd, sched_nod
         as->rank = nodes[i].rank;
         dshim_ps_hdr_t h;
         dshim_ps_hdr_init(&h, DSHIM_PS_MSG_ASSIGN, 0, len);
-        dshim_ps_send(nodes[i].fd, &h, buf, dshim_now() + 10);
+        dshim_ps_send(nodes[i].fd, &h, buf, dshim_now() + DSHIM_PS_CONTROL_S);
     }
     free(buf);
     DSHIM_PS_INFO(env, -1, "all %d workers and %d servers registered", env->num_workers, env->num_servers);
@@ -208,6 +209,7 @@ typedef struct sched_watch {
     dshim_trace_ring_t *ring;
     sched_barrier_t barriers[8]; /* by group bits */
     double next_check, t_warned;
+    double next_alive; /* the next WAITING to the nodes in an open barrier */
 } sched_watch_t;
 
 static const char *group_words(int group)
@@ -315,6 +317,30 @@ static void watch_check(sched_watch_t *w, const dshim_ps_env_t *env, const sched
     }
 }
 
+/* While a barrier is open, its nodes hear WAITING every
+ * dshim_ps_alive_every: a node times out only a silent scheduler, so the
+ * barrier's deadline stays the scheduler's (barrier_expired), which names
+ * who did not reach it (ps.h). */
+static void say_waiting(sched_watch_t *w, const dshim_ps_env_t *env, const sched_node_t *nodes, int total)
+{
+    const double now = dshim_now();
+    int open = 0;
+    for (int g = 1; g < 8 && !open; g++) {
+        open = w->barriers[g].open;
+    }
+    if (!open || now < w->next_alive) {
+        return;
+    }
+    w->next_alive = now + dshim_ps_alive_every(env);
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_WAITING, 0, 0);
+    for (int i = 0; i < total; i++) {
+        if (nodes[i].barrier_group != 0 && nodes[i].fd >= 0 && !nodes[i].bye) {
+            dshim_ps_send(nodes[i].fd, &h, NULL, now + DSHIM_PS_FAREWELL_S);
+        }
+    }
+}
+
 /* A barrier open for DSHIM_TIMEOUT: the nodes in it give up now, each with
  * "barrier timed out", and the one that leaves first would be announced as
  * dead.  The scheduler knows who is missing: it says so to everyone (a
@@ -327,7 +353,7 @@ static int barrier_expired(const sched_watch_t *w, const dshim_ps_env_t *env, co
     const double now = dshim_now();
     for (int g = 1; g < 8; g++) {
         const sched_barrier_t *b = &w->barriers[g];
-        if (!b->open || env->timeout_s <= 0 || now - b->t_open < env->timeout_s) {
+        if (!b->open || !dshim_ps_timed_out(env, b->t_open, now)) {
             continue;
         }
         char who[400] = "", arrived[160];
@@ -398,7 +424,7 @@ static void barrier_arrive(const dshim_ps_env_t *env, sched_node_t *nodes, int t
     for (int i = 0; i < total; i++) {
         if (nodes[i].barrier_group == group) {
             nodes[i].barrier_group = 0;
-            dshim_ps_send(nodes[i].fd, &h, NULL, dshim_now() + 10);
+            dshim_ps_send(nodes[i].fd, &h, NULL, dshim_now() + DSHIM_PS_CONTROL_S);
         }
     }
     watch_done(w, group);
@@ -418,7 +444,7 @@ static void stop_servers_if_workers_left(const dshim_ps_env_t *env, sched_node_t
     dshim_ps_hdr_init(&h, DSHIM_PS_MSG_STOP, 0, 0);
     for (int i = 0; i < total; i++) {
         if (nodes[i].hello.role == DSHIM_PS_SERVER && !nodes[i].bye) {
-            dshim_ps_send(nodes[i].fd, &h, NULL, dshim_now() + 10);
+            dshim_ps_send(nodes[i].fd, &h, NULL, dshim_now() + DSHIM_PS_CONTROL_S);
         }
     }
     DSHIM_PS_INFO(env, -1, "every worker left: servers told to stop");
@@ -464,7 +490,8 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
         pfds[total].fd = lfd_open ? lfd : -1; /* latecomers are refused at once */
         pfds[total].events = POLLIN;
         pfds[total].revents = 0;
-        if (poll(pfds, (nfds_t)total + 1, 1000) < 0 && errno != EINTR) {
+        /* woken at least as often as an open barrier's WAITING is due */
+        if (poll(pfds, (nfds_t)total + 1, (int)(dshim_ps_alive_every(env) * 1000)) < 0 && errno != EINTR) {
             st = dshim_error(DSHIM_ERR_SYSTEM, "scheduler: poll: %s", strerror(errno));
             break;
         }
@@ -489,7 +516,7 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
             }
             sched_node_t *n = &nodes[i];
             dshim_ps_hdr_t h;
-            dshim_status_t r = dshim_ps_recv_hdr(n->fd, &h, dshim_now() + 10);
+            dshim_status_t r = dshim_ps_recv_hdr(n->fd, &h, dshim_now() + DSHIM_PS_CONTROL_S);
             if (r != DSHIM_OK) {
                 announce_end(env, nodes, total, n, "died",
                              "its connection to the scheduler closed without a goodbye (the process crashed, was "
@@ -508,7 +535,7 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
                 /* its own error ends the job: everyone hears the cause, not a death */
                 char why[448] = "";
                 size_t k = h.len < 440 ? h.len : 440;
-                if (dshim_ps_recv_body(n->fd, why, k, dshim_now() + 10) != DSHIM_OK) {
+                if (dshim_ps_recv_body(n->fd, why, k, dshim_now() + DSHIM_PS_CONTROL_S) != DSHIM_OK) {
                     why[0] = '\0';
                 }
                 why[k] = '\0';
@@ -526,10 +553,11 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
                 byes++;
                 stop_servers_if_workers_left(env, nodes, total);
             } else {
-                dshim_ps_skip_body(n->fd, h.len, dshim_now() + 10);
+                dshim_ps_skip_body(n->fd, h.len, dshim_now() + DSHIM_PS_CONTROL_S);
             }
         }
         watch_check(&watch, env, nodes, total); /* barriers some node never reaches */
+        say_waiting(&watch, env, nodes, total);
         char text[448];
         int group = 0;
         if (st == DSHIM_OK && barrier_expired(&watch, env, nodes, total, text, sizeof(text), &group)) {
@@ -539,7 +567,7 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
             for (int i = 0; i < total; i++) {
                 /* the missing ones too: one that only sleeps learns why the job ends */
                 if (nodes[i].fd >= 0 && !nodes[i].bye) {
-                    dshim_ps_send(nodes[i].fd, &h, text, dshim_now() + 2);
+                    dshim_ps_send(nodes[i].fd, &h, text, dshim_now() + DSHIM_PS_FAREWELL_S);
                 }
             }
             st = dshim_error(DSHIM_ERR_TIMEOUT, "dshim ps scheduler: %s", text);

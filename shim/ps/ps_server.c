@@ -82,7 +82,7 @@ key_state_t *dshim_ps_srv_find_key(server_t *s, int key, int create)
  * names the dead worker best. */
 static dshim_status_t answer_failed(server_t *s, int worker)
 {
-    const char *f = dshim_ps_wait_failure(s->node, 2.0);
+    const char *f = dshim_ps_wait_failure(s->node, DSHIM_PS_NOTICE_S);
     if (f != NULL) {
         return dshim_error(DSHIM_ERR_PEER, "%s", f);
     }
@@ -134,7 +134,7 @@ dshim_status_t dshim_ps_srv_flush(server_t *s, int worker, double deadline)
         }
         if (c->out_off < c->out_len) {
             struct pollfd p = {.fd = s->worker_fds[worker], .events = POLLOUT};
-            if (dshim_now() > deadline) {
+            if (deadline > 0 && dshim_now() > deadline) { /* 0: none (dshim_ps_deadline) */
                 return DSHIM_ERR_TIMEOUT;
             }
             poll(&p, 1, 100);
@@ -203,6 +203,25 @@ dshim_status_t dshim_ps_srv_reply(server_t *s, int worker, uint32_t seq, int typ
         return DSHIM_OK;
     }
     return conn_queue(s, worker, &h, payload, (size_t)done);
+}
+
+void dshim_ps_srv_say_waiting(server_t *s, int worker)
+{
+    conn_t *c = &s->conns[worker];
+    if (s->worker_fds[worker] < 0 || conn_flush_some(s, worker) != 0) {
+        return;
+    }
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_WAITING, 0, 0);
+    ssize_t done = 0;
+    if (c->out_off == c->out_len) {
+        struct iovec iov = {.iov_base = &h, .iov_len = sizeof(h)};
+        done = write_some(s->worker_fds[worker], &iov, 1);
+        if (done < 0 || (size_t)done == sizeof(h)) {
+            return;
+        }
+    }
+    conn_queue(s, worker, &h, NULL, (size_t)done);
 }
 
 dshim_status_t dshim_ps_srv_reply_error(server_t *s, int worker, uint32_t seq, const char *text)
@@ -495,7 +514,7 @@ static dshim_status_t recv_payload(server_t *s, int fd, uint64_t len, double dea
 static dshim_status_t worker_gone(server_t *s, int worker)
 {
     /* the scheduler's notice names the dead process best: give it a moment */
-    const char *f = dshim_ps_wait_failure(s->node, 2.0);
+    const char *f = dshim_ps_wait_failure(s->node, DSHIM_PS_NOTICE_S);
     if (f != NULL) {
         return dshim_error(DSHIM_ERR_PEER, "%s", f);
     }
@@ -508,7 +527,7 @@ static dshim_status_t dispatch(server_t *s, int worker, dshim_ps_hdr_t h);
 __attribute__((unused)) static dshim_status_t handle_message(server_t *s, int worker)
 {
     int fd = s->worker_fds[worker];
-    double deadline = dshim_now() + s->node->env.timeout_s;
+    double deadline = dshim_ps_deadline(&s->node->env, dshim_now());
     dshim_ps_hdr_t h;
     dshim_status_t st = dshim_ps_recv_hdr(fd, &h, deadline);
     if (st == DSHIM_OK) {
@@ -659,9 +678,10 @@ static dshim_status_t accept_worker(server_t *s)
     }
     dshim_ps_hdr_t h;
     char token[sizeof(s->node->env.token)];
-    if (dshim_ps_recv_hdr(fd, &h, dshim_now() + 10) != DSHIM_OK || h.type != DSHIM_PS_MSG_WHELLO || h.key < 0 ||
+    const double hello_by = dshim_now() + DSHIM_PS_CONTROL_S;
+    if (dshim_ps_recv_hdr(fd, &h, hello_by) != DSHIM_OK || h.type != DSHIM_PS_MSG_WHELLO || h.key < 0 ||
         h.key >= s->node->env.num_workers || s->worker_fds[h.key] >= 0 || h.len != sizeof(token) ||
-        dshim_ps_recv_body(fd, token, sizeof(token), dshim_now() + 10) != DSHIM_OK ||
+        dshim_ps_recv_body(fd, token, sizeof(token), hello_by) != DSHIM_OK ||
         memcmp(token, s->node->env.token, sizeof(token)) != 0) {
         fprintf(stderr, "[dshim-ps server %d] refused a data connection that is not a worker of this job\n",
                 s->node->rank);
@@ -778,7 +798,8 @@ dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_
         pfds[nw + 1].fd = node->wake_pipe[0];
         pfds[nw + 1].events = POLLIN;
         pfds[nw + 1].revents = 0;
-        int r = poll(pfds, (nfds_t)nw + 2, 1000);
+        /* woken at least as often as a waiting round's WAITING is due */
+        int r = poll(pfds, (nfds_t)nw + 2, (int)(dshim_ps_alive_every(&node->env) * 1000));
         if (r < 0 && errno != EINTR) {
             st = dshim_error(DSHIM_ERR_SYSTEM, "server: poll: %s", strerror(errno));
             break;
@@ -806,7 +827,7 @@ dshim_status_t dshim_ps_server_run(dshim_ps_node_t *node, const dshim_ps_server_
     }
     /* the last answers (kStopServer's among them) still go out */
     for (int i = 0; i < nw && st == DSHIM_OK; i++) {
-        if (s.worker_fds[i] >= 0 && dshim_ps_srv_flush(&s, i, dshim_now() + node->env.timeout_s) != DSHIM_OK) {
+        if (s.worker_fds[i] >= 0 && dshim_ps_srv_flush(&s, i, dshim_ps_deadline(&node->env, dshim_now())) != DSHIM_OK) {
             st = answer_failed(&s, i);
         }
     }

@@ -113,6 +113,7 @@ typedef struct server {
     last_push_t *last; /* by worker rank */
     double next_check; /* of stalled rounds (dshim_ps_srv_check_stalls) */
     double t_warned;   /* the last stall warning */
+    double next_alive; /* the next WAITING to the workers while a round waits (ps.h) */
 } server_t;
 
 /* ps_server.c: the key's state, created on first use when `create`; NULL when
@@ -123,6 +124,10 @@ dshim_status_t dshim_ps_srv_reply(server_t *s, int worker, uint32_t seq, int typ
 /* Writes what is queued for worker until done or the deadline (a message
  * written straight to its socket must not cut into a queued one). */
 dshim_status_t dshim_ps_srv_flush(server_t *s, int worker, double deadline);
+/* Tells worker this server lives and waits (DSHIM_PS_MSG_WAITING): queued
+ * behind what it has queued; nothing when its connection is gone (the loop's
+ * read of it says so). */
+void dshim_ps_srv_say_waiting(server_t *s, int worker);
 /* Answers with DSHIM_PS_MSG_ERROR carrying `text` (also printed on stderr). */
 dshim_status_t dshim_ps_srv_reply_error(server_t *s, int worker, uint32_t seq, const char *text);
 /* The round's merged pushes become key k's value (through the updater, if any). */

@@ -23,9 +23,9 @@
 #define MARK_WAITING_S 1.0
 /* how often the loops look for stalls */
 #define CHECK_EVERY_S 0.25
-/* a worker's own timeout comes this much after the server's, whose story
- * names the worker that did not push */
-#define WORKER_GRACE_S 5.0
+/* how long the server's timeout verdict may take to reach one worker (a
+ * stopped one must not hold back the others') */
+#define VERDICT_SEND_S 1.0
 
 /* a worker's pushes per (server, key): the round it contributes to */
 typedef struct kc_slot {
@@ -152,7 +152,7 @@ void dshim_ps_trace_node_open(dshim_ps_node_t *node)
                 w->heard[i] = now;
             }
         }
-        node->wtrace = w; /* NULL: no stall lines (out of memory), nothing else changes */
+        node->wtrace = w; /* NULL: out of memory, and dshim_ps_node_start fails */
     }
     char name[48], desc[160];
     int server = env->role == DSHIM_PS_SERVER;
@@ -378,8 +378,11 @@ dshim_status_t dshim_ps_wtrace_check(dshim_ps_node_t *node)
         if (oldest == NULL || p->t_sent < oldest->t_sent) {
             oldest = p;
         }
-        if (env->timeout_s > 0 && waited >= env->timeout_s + WORKER_GRACE_S &&
-            now - w->heard[p->server] >= env->timeout_s && (dead == NULL || p->t_sent < dead->t_sent)) {
+        /* this worker's deadline: a server silent for the timeout.  A live
+         * server whose round waits for another worker's push says WAITING
+         * meanwhile, and that round's deadline is the server's (ps.h) */
+        if (dshim_ps_timed_out(env, p->t_sent, now) && dshim_ps_timed_out(env, w->heard[p->server], now) &&
+            (dead == NULL || p->t_sent < dead->t_sent)) {
             dead = p;
         }
     }
@@ -587,6 +590,30 @@ static void mark_waiting(server_t *s, key_state_t *k)
     k->trace_waiting = 1;
 }
 
+/* While a round waits for pushes, every worker hears WAITING each
+ * dshim_ps_alive_every: a worker times out a server only when it is silent
+ * (dshim_ps_wtrace_check), so the round's deadline stays this server's,
+ * whose verdict names the worker that did not push. */
+static void say_waiting(server_t *s, double now)
+{
+    const dshim_ps_env_t *env = &s->node->env;
+    const double every = dshim_ps_alive_every(env);
+    if (now < s->next_alive) {
+        return;
+    }
+    int waiting = 0;
+    for (size_t i = 0; i < s->nkeys && !waiting; i++) {
+        waiting = s->keys[i].round_open && now - s->keys[i].t_last >= every;
+    }
+    if (!waiting) {
+        return;
+    }
+    s->next_alive = now + every;
+    for (int w = 0; w < env->num_workers; w++) {
+        dshim_ps_srv_say_waiting(s, w);
+    }
+}
+
 dshim_status_t dshim_ps_srv_check_stalls(server_t *s)
 {
     const double now = ps_clock();
@@ -602,6 +629,7 @@ dshim_status_t dshim_ps_srv_check_stalls(server_t *s)
     if (env->stall_warn_s > 0 && env->stall_warn_s < mark) {
         mark = env->stall_warn_s;
     }
+    say_waiting(s, now);
     key_state_t *worst = NULL;
     int nwaiting = 0;
     for (size_t i = 0; i < s->nkeys; i++) {
@@ -621,7 +649,7 @@ dshim_status_t dshim_ps_srv_check_stalls(server_t *s)
         return DSHIM_OK;
     }
     const double idle = now - worst->t_last;
-    const int timeout = env->timeout_s > 0 && idle >= env->timeout_s;
+    const int timeout = dshim_ps_timed_out(env, worst->t_last, now);
     if (!timeout && !(env->stall_warn_s > 0 && idle >= env->stall_warn_s && now - s->t_warned >= env->stall_warn_s)) {
         return DSHIM_OK;
     }
@@ -645,8 +673,8 @@ dshim_status_t dshim_ps_srv_check_stalls(server_t *s)
     dshim_ps_hdr_t h;
     dshim_ps_hdr_init(&h, DSHIM_PS_MSG_ERROR, 0, strlen(text));
     for (int w = 0; w < env->num_workers; w++) {
-        if (s->worker_fds[w] >= 0 && dshim_ps_srv_flush(s, w, now + 1.0) == DSHIM_OK) {
-            dshim_ps_send(s->worker_fds[w], &h, text, now + 1.0);
+        if (s->worker_fds[w] >= 0 && dshim_ps_srv_flush(s, w, now + VERDICT_SEND_S) == DSHIM_OK) {
+            dshim_ps_send(s->worker_fds[w], &h, text, now + VERDICT_SEND_S);
         }
     }
     return dshim_error_quiet(DSHIM_ERR_TIMEOUT, "%s", text);

@@ -63,8 +63,9 @@ void dshim_ps_wtrace_heard(dshim_ps_node_t *node, int server);
 /* The receiver thread, every pass: stall warnings for requests unanswered for
  * DSHIM_STALL_WARN, entries marked waiting, and DSHIM_OK or
  * DSHIM_ERR_TIMEOUT (message set) when a server has been silent for
- * DSHIM_TIMEOUT with a request unanswered longer than that (plus a grace that
- * lets a server's own timeout, which names the worker, come first). */
+ * DSHIM_TIMEOUT with a request unanswered longer than that: the worker's one
+ * deadline (a live server whose round waits says WAITING meanwhile, and
+ * times the round out itself; ps.h). */
 dshim_status_t dshim_ps_wtrace_check(dshim_ps_node_t *node);
 /* "pushpull of key 3 (round 5)" for the oldest request to server (all
  * servers: -1); "" when none.  Caller holds pend_mu. */

@@ -67,12 +67,14 @@ dshim_status_t dshim_ps_worker_connect(dshim_ps_node_t *node)
 /* The error for a server that stopped answering; prefers the scheduler's
  * death notice, which names the process best.  sending: the server took none
  * of a request for DSHIM_TIMEOUT (its socket stayed full), which a server
- * waiting for another worker's push does not cause: it still reads. */
+ * waiting for another worker's push does not cause: it still reads.  A
+ * timeout here is this worker's own verdict on a stuck server (no other
+ * process times it: nothing to wait for, only a failure already known
+ * wins); a broken connection waits for the scheduler's notice of it. */
 static dshim_status_t server_lost(dshim_ps_node_t *node, int server, dshim_status_t st, int sending)
 {
-    /* a timeout: the server's own timeout comes at about the same time and
-     * names the worker that did not push (its ERROR answer fails this node) */
-    const char *f = dshim_ps_wait_failure(node, st == DSHIM_ERR_TIMEOUT ? 3.0 : 2.0);
+    const char *f =
+        st == DSHIM_ERR_TIMEOUT ? dshim_ps_failure(node) : dshim_ps_wait_failure(node, DSHIM_PS_NOTICE_S);
     if (f != NULL) {
         return dshim_error_quiet(DSHIM_ERR_PEER, "%s", f);
     }
@@ -236,13 +238,17 @@ static void fail_all(dshim_ps_node_t *node, const char *why)
 static dshim_status_t read_answer(dshim_ps_node_t *node, int server)
 {
     int fd = node->server_fds[server];
-    double deadline = dshim_now() + node->env.timeout_s;
+    double deadline = dshim_ps_deadline(&node->env, dshim_now());
     dshim_ps_hdr_t h;
     dshim_status_t st = dshim_ps_recv_hdr(fd, &h, deadline);
     if (st != DSHIM_OK) {
         return st;
     }
     dshim_ps_wtrace_heard(node, server);
+    if (h.type == DSHIM_PS_MSG_WAITING) {
+        /* the server lives: a round of it waits for another worker */
+        return dshim_ps_skip_body(fd, h.len, deadline);
+    }
     if (h.type == DSHIM_PS_MSG_ERROR) {
         char text[480] = "";
         size_t k = h.len < sizeof(text) - 1 ? h.len : sizeof(text) - 1;
@@ -386,7 +392,8 @@ void dshim_ps_worker_goodbye(dshim_ps_node_t *node)
     pthread_mutex_lock(&node->send_mu);
     for (int i = 0; i < node->env.num_servers; i++) {
         if (node->server_fds[i] >= 0) {
-            dshim_ps_send(node->server_fds[i], &h, NULL, dshim_now() + 2); /* a stopped server may be gone */
+            /* a stopped server may be gone */
+            dshim_ps_send(node->server_fds[i], &h, NULL, dshim_now() + DSHIM_PS_FAREWELL_S);
         }
     }
     pthread_mutex_unlock(&node->send_mu);
@@ -429,7 +436,7 @@ static dshim_status_t send_to(dshim_ps_node_t *node, int server, dshim_ps_hdr_t 
                    h->key, (unsigned long long)h->len, h->seq, server);
     DSHIM_CHECK(failed_status(node));
     pthread_mutex_lock(&node->send_mu);
-    dshim_status_t st = dshim_ps_send(node->server_fds[server], h, payload, dshim_now() + node->env.timeout_s);
+    dshim_status_t st = dshim_ps_send(node->server_fds[server], h, payload, dshim_ps_deadline(&node->env, dshim_now()));
     node->bytes_out += h->len;
     pthread_mutex_unlock(&node->send_mu);
     if (st != DSHIM_OK) {
@@ -646,16 +653,13 @@ dshim_status_t dshim_ps_worker_pull_rows(dshim_ps_node_t *node, int server, int 
 
 dshim_status_t dshim_ps_worker_wait_all(dshim_ps_node_t *node)
 {
-    double deadline = dshim_now() + node->env.timeout_s;
+    /* no deadline of its own: a server that goes silent is timed out by the
+     * receiver thread (dshim_ps_wtrace_check), a round that waits for
+     * another worker by its server (ps.h); either fails the node */
     int resends = 0;
     double next_note = dshim_now() + node->env.resend_timeout_ms / 1000.0;
-    size_t last = (size_t)-1;
     pthread_mutex_lock(&node->pend_mu);
     while (node->npending > 0 && node->recv_error[0] == '\0' && dshim_ps_failure(node) == NULL) {
-        if (node->npending != last) {
-            last = node->npending;
-            deadline = dshim_now() + node->env.timeout_s; /* progress */
-        }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000 * 1000;
@@ -679,10 +683,6 @@ dshim_status_t dshim_ps_worker_wait_all(dshim_ps_node_t *node)
                                    node->env.resend_timeout_ms);
             }
             next_note = now + node->env.resend_timeout_ms * (1 + resends) / 1000.0;
-        }
-        if (now > deadline && node->npending > 0) {
-            pthread_mutex_unlock(&node->pend_mu);
-            return server_lost(node, srv, DSHIM_ERR_TIMEOUT, 0);
         }
     }
     pthread_mutex_unlock(&node->pend_mu);

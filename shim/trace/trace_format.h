@@ -5,7 +5,7 @@
  * the states an entry can be in, and (trace_fields.def) the fields of an
  * entry.  trace.h describes the whole format in words.  A change here is a
  * change of the format: old dumps must still parse (tests/fuzz/corpus/
- * trace_read and tests/unit/check_trace_read.c hold real ones).
+ * trace_read and tests/unit/analyser/check_trace_read.c hold real ones).
  */
 #ifndef DSHIM_TRACE_FORMAT_H
 #define DSHIM_TRACE_FORMAT_H

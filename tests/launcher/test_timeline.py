@@ -7,7 +7,7 @@ its times fall inside the job (clocks aligned to the controller's).  Also:
 DSHIM_TIMELINE alone (one file per rank, %r/%p expanded), a rank that ends
 without running its exit handlers, and the option's plumbing (--dry-run,
 usage error).  Fixtures: conftest.py.  The writer's JSON (escapes) and the
-clock alignment are unit-tested in tests/unit/check_timeline.c.
+clock alignment are unit-tested in tests/unit/launcher/check_timeline.c.
 """
 import collections
 import json

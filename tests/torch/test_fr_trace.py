@@ -11,7 +11,7 @@ of the installed torch on them:
   DSHIM_TRACE_SIGNAL (SIGUSR2), as dshim-run does.  torch's analyser must name
   the same culprit rank and the collective.
 - test_written_*: files written by the C writer from hand-made snapshots
-  (tests/unit/check_trace_fr.c's "write" mode) read by torch's loader and
+  (tests/unit/trace/check_trace_fr.c's "write" mode) read by torch's loader and
   analyser: a clean job (every collective matched), a hang, a mismatch.
 
 Run as a script (`test_fr_trace.py worker`) this file is one rank of the job.

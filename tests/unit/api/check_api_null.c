@@ -1,7 +1,7 @@
 /*
  * Every public function of include/dshim.h with each pointer argument NULL in
- * turn (issue 36 item 6d: dshim_comm_stats(NULL, NULL) and dshim_config_get
- * with a NULL name or buffer crashed).  A NULL the header does not allow
+ * turn (dshim_comm_stats(NULL, NULL) and dshim_config_get with a NULL name or
+ * buffer once crashed).  A NULL the header does not allow
  * must give the documented error (DSHIM_ERR_INVALID, -1 or NULL), never a
  * crash; a NULL it allows (the header says "may be NULL") must work.
  *
@@ -43,6 +43,8 @@ enum { NONE = 0, COMM = 1, REQ = 2, ENV = 3 };
     X(init_store_addr, NONE, INV, dshim_comm_init(&args_no_addr, &out))                                        \
     X(prebind_port_p, NONE, INV, dshim_store_prebind(0, "t", NULL))                                            \
     X(prebind_at_port_p, NONE, INV, dshim_store_prebind_at("127.0.0.1", 0, "t", NULL))                         \
+    X(host_address_reach, NONE, OK, dshim_host_address(NULL, msg, sizeof(msg)))                               \
+    X(host_address_buf, NONE, INV, dshim_host_address("127.0.0.1", NULL, 16))                                  \
     X(split_comm, NONE, INV, dshim_comm_split(NULL, 0, 0, &out))                                               \
     X(split_newcomm_p, COMM, INV, dshim_comm_split(c, 0, 0, NULL))                                             \
     X(destroy_comm, NONE, OK, dshim_comm_destroy(NULL))                                                        \
@@ -56,6 +58,11 @@ enum { NONE = 0, COMM = 1, REQ = 2, ENV = 3 };
     X(transport_comm, NONE, OK, PTR_ERR(dshim_comm_transport(NULL)))                                           \
     X(get_error_comm, NONE, INV, dshim_comm_get_error(NULL, msg, sizeof(msg)))                                 \
     X(get_error_msg, COMM, OK, dshim_comm_get_error(c, NULL, 16))                                              \
+    X(get_missing_comm, NONE, INV, dshim_comm_get_missing(NULL, &(uint64_t){0}, &src, 1, &done))               \
+    X(get_missing_seq, COMM, INV, dshim_comm_get_missing(c, NULL, &src, 1, &done))                             \
+    X(get_missing_ranks, COMM, INV, dshim_comm_get_missing(c, &(uint64_t){0}, NULL, 1, &done))                 \
+    X(get_missing_no_room, COMM, OK, dshim_comm_get_missing(c, &(uint64_t){0}, NULL, 0, &done))                \
+    X(get_missing_count, COMM, INV, dshim_comm_get_missing(c, &(uint64_t){0}, &src, 1, NULL))                  \
     X(stats_both, NONE, OK, VOID_OK(dshim_comm_stats(NULL, NULL)))                                             \
     X(stats_comm, NONE, OK, VOID_OK(dshim_comm_stats(NULL, &stats)))                                           \
     X(stats_stats, COMM, OK, VOID_OK(dshim_comm_stats(c, NULL)))                                               \
