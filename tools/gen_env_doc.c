@@ -1,4 +1,4 @@
-/* Writes docs/env-vars.md from shim/base/params.def, so the documentation can
+/* Writes docs/env-vars.md from base/params.def, so the documentation can
  * never drift from the table (tests/preload checks they match). */
 #include <stdio.h>
 
@@ -7,7 +7,7 @@
 int main(void)
 {
     printf("# Environment variables\n\n"
-           "Generated from `shim/base/params.def` by `build/bin/gen-env-doc` (do not edit by hand; run\n"
+           "Generated from `base/params.def` by `build/bin/gen-env-doc` (do not edit by hand; run\n"
            "`make env-doc`). `dshim-bench --print-config` (and later `dshim-run --print-config`) prints the same\n"
            "table with the values in effect. Sizes accept `k`, `m`, `g` suffixes; booleans accept\n"
            "`0/1/yes/no/on/off`. The \"allowed\" column (params.def's rule) says what else a value must be. A\n"

@@ -26,7 +26,7 @@ def _install():
 
 
 def apply_level(lib):
-    """Takes DSHIM_DEBUG's value from the library's configuration (shim/base/params.def,
+    """Takes DSHIM_DEBUG's value from the library's configuration (base/params.def,
     already validated there)."""
     import ctypes
     buf = ctypes.create_string_buffer(16)

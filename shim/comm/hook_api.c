@@ -1,4 +1,4 @@
-/* The hook-facing API (shim/hook/dshim_hook.h) over the communicator's
+/* The hook-facing API (dshim_hook.h) over the communicator's
  * internals, so that no hook depends on how a communicator is laid out. */
 #include <stdio.h>
 #include <stdlib.h>

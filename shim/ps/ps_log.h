@@ -1,4 +1,4 @@
-/* The parameter server's log lines: dshim's log (shim/base/log.h: host, pid,
+/* The parameter server's log lines: dshim's log (base/log.h: host, pid,
  * thread, rank, level; DSHIM_DEBUG_FILE) with "[dshim-ps <role> <rank>]" in
  * front of the message.  A line is shown when DSHIM_DEBUG asks for its level
  * or when ps-lite's own PS_VERBOSE does, whichever shows more, so a ps-lite

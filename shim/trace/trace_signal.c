@@ -1,6 +1,6 @@
 /* Dumps on request by signal (DSHIM_TRACE_SIGNAL, SIGUSR2 by default: what
  * dshim-run sends to every live rank when a job fails or `--status` asks)
- * and at a fatal signal (the crash hook of shim/base/crash.c).
+ * and at a fatal signal (the crash hook of base/crash.c).
  *
  * A dump takes locks, allocates and writes files: none of that may run in
  * a signal handler.  The handler only writes a byte to a pipe; a recorder

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: the rendezvous store server (shim/base/store_server.c)
+ * libFuzzer target: the rendezvous store server (base/store_server.c)
  * reading what clients send: HELLO, then requests (docs/wire-protocol.md §1).
  *
  * The server's own per-connection state machine is driven, on the calling

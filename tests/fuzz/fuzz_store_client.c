@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: the rendezvous store client (shim/base/store_client.c)
+ * libFuzzer target: the rendezvous store client (base/store_client.c)
  * reading what a server answers: the HELLO ACK, then REPLY frames
  * (docs/wire-protocol.md §1).
  *

@@ -1,9 +1,10 @@
 /*
  * What a framework hook (hooks/<framework>) may ask of a communicator beyond
- * the public API in include/dshim.h.  Hooks include this header, never the
- * communicator's private ones (comm.h, engine.h, xfer.h): cmake/layers.txt
- * gives hooks no include root of shim/comm, and scripts/check_layers.py checks
- * it.  shim/comm/hook_api.c implements it.
+ * the public API in include/dshim.h: the communicator module's public face.
+ * Hooks include this header, never the communicator's private ones (comm.h,
+ * engine.h, xfer.h): cmake/layers.txt lists it as comm's only public header,
+ * and scripts/check_layers.py fails the build on any other include of comm
+ * from outside.  shim/comm/hook_api.c implements it.
  *
  * Store keys passed here are relative to the communicator: the core puts them
  * under the communicator's own key prefix, so the ranks of one communicator

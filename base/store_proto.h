@@ -1,5 +1,5 @@
 /*
- * Wire format of the rendezvous store (shim/base/store_server.c, shim/base/store_client.c).
+ * Wire format of the rendezvous store (base/store_server.c, base/store_client.c).
  *
  * Every integer is little-endian and is encoded byte by byte, so hosts of any
  * byte order agree.  One TCP connection per client; the client speaks first

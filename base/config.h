@@ -1,4 +1,4 @@
-/* The parsed configuration: one immutable struct filled from shim/base/params.def. */
+/* The parsed configuration: one immutable struct filled from base/params.def. */
 #ifndef DSHIM_CONFIG_H
 #define DSHIM_CONFIG_H
 

@@ -1,4 +1,4 @@
-/* Expands shim/base/params.def into parsers and the printable table.  This is the
+/* Expands base/params.def into parsers and the printable table.  This is the
  * only file in dshim that calls getenv(). */
 #include <ctype.h>
 #include <errno.h>
