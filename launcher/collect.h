@@ -1,5 +1,5 @@
 /*
- * Flight-recorder dumps across the job (issue 19; docs/launcher.md
+ * Flight-recorder dumps across the job (docs/launcher.md
  * "Diagnosis and live status").
  *
  * Every rank gets DSHIM_TRACE_DIR = a per-job directory on its host

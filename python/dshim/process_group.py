@@ -14,7 +14,7 @@ stream order; results are copied back before the Future completes
 (_staging.py).  The paths that first concatenate a list of tensors
 (allgather_coalesced, reduce_scatter, alltoall, scatter) still copy with
 torch's .cpu().
-GPU-side reduction comes with issue 5.  Every tensor an operation
+The reduction itself runs on the host.  Every tensor an operation
 touches stays referenced until it completes.
 
 Data that is only moved (broadcast, all_gather, all_to_all, gather, scatter,

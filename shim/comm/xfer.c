@@ -14,25 +14,7 @@
 #include "status.h"
 #include "wait.h"
 #include "xfer.h"
-
-#define WIRE_MAGIC   0x4D485344u /* "DSHM" */
-#define WIRE_VERSION 1
-#define HDR_BYTES    48
-
-enum { PH_HDR = 0, PH_BODY, PH_PAD, PH_DONE };
-
-typedef struct wire_hdr {
-    uint32_t magic;
-    uint16_t version;
-    uint8_t coll, dtype, redop;
-    uint8_t pad[3];
-    int32_t root;
-    uint64_t count;
-    uint64_t seq;
-    uint64_t nbytes;
-    uint64_t reserved;
-} wire_hdr_t;
-_Static_assert(sizeof(wire_hdr_t) == HDR_BYTES, "wire header is 48 bytes");
+#include "xfer_impl.h"
 
 static const unsigned char zeros[8];
 
@@ -127,46 +109,6 @@ static dshim_status_t check_hdr(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
                              "mismatched sizes in %s: %s sent %" PRIu64 " bytes where this rank expected %zu "
                              "(different counts across ranks?)",
                              mine, peer, h.nbytes, op->len);
-}
-
-static int is_recv(const dshim_xfer_op_t *op)
-{
-    return op->kind != DSHIM_XF_SEND;
-}
-
-/* A receive from any source that no message is bound to yet. */
-static int unbound(const dshim_xfer_op_t *op)
-{
-    return op->peer < 0;
-}
-
-/* An op can move now: not finished, bound to a peer, the op before it on the
- * same peer and direction is finished (streams are ordered), and no receive
- * from any source posted before it waits for a message (which might be the
- * one this op would take: MPI's order of posting). */
-static int op_active(const dshim_xfer_op_t *op)
-{
-    return op->phase != PH_DONE && !unbound(op) && !op->connecting && !(op->prev && op->prev->phase != PH_DONE) &&
-           !(op->wild_prev && unbound(op->wild_prev));
-}
-
-/* A receive from any source that would be bound next: unbound, and every
- * receive from any source posted before it is bound (they bind in order). */
-static int next_to_bind(const dshim_xfer_op_t *op)
-{
-    return op->phase != PH_DONE && unbound(op) && !(op->wild_prev && unbound(op->wild_prev));
-}
-
-static size_t limit_of(const dshim_xfer_op_t *op)
-{
-    size_t lim = op->len;
-    if (op->dep && op->dep->phase < PH_PAD && op->dep->done < lim) {
-        lim = op->dep->done;
-    }
-    if (op->dep2 && op->dep2->phase < PH_PAD && op->dep2->done < lim) {
-        lim = op->dep2->done;
-    }
-    return lim;
 }
 
 static size_t pad_of(size_t len)
@@ -353,231 +295,6 @@ static dshim_status_t progress_op(dshim_comm_t *comm, const dshim_coll_sig_t *si
     return DSHIM_OK;
 }
 
-/* ---- receives from any source ------------------------------------------
- * A receive from any source (peer DSHIM_ANY_SOURCE) is bound to a peer when
- * that peer's stream starts with a point-to-point message no earlier receive
- * claims; from then on it is an ordinary receive from that peer.  Matching
- * is MPI's: a message goes to the earliest-posted pending receive that names
- * its sender or any source.  Hence: receives from any source bind in posting
- * order; one binds to peer p only when every receive from p posted before it
- * is finished (p's next message is not theirs); a receive posted after an
- * unbound one from any source waits until that one is bound (op_active).
- * The front of a stream is read with peek, without consuming: the first 8
- * bytes of a header (magic, version, collective kind) never straddle a ring
- * wrap, since streams carry whole multiples of 8 bytes per message. */
-
-enum { FRONT_EMPTY = 0, FRONT_P2P, FRONT_OTHER };
-
-/* What peer p's stream starts with.  Bytes that are no dshim header count as
- * point-to-point: the receive that binds to them reports the garbage. */
-static dshim_status_t stream_front(dshim_comm_t *comm, int p, int *front_p)
-{
-    dshim_conn_t *c = dshim_comm_conn(comm, p);
-    const void *ptr;
-    size_t avail = 0;
-    *front_p = FRONT_EMPTY;
-    DSHIM_CHECK(c->ops->peek(c, &ptr, &avail));
-    if (avail < 8) {
-        return DSHIM_OK;
-    }
-    wire_hdr_t h;
-    memcpy(&h, ptr, 8);
-    int ours = h.magic == WIRE_MAGIC && h.version == WIRE_VERSION;
-    *front_p = !ours || h.coll == DSHIM_COLL_P2P ? FRONT_P2P : FRONT_OTHER;
-    return DSHIM_OK;
-}
-
-/* Whether a receive posted before ops[a] still owns peer p's next message. */
-static int claimed_before(const dshim_xfer_op_t *ops, int a, int p)
-{
-    for (int j = 0; j < a; j++) {
-        if (is_recv(&ops[j]) && ops[j].peer == p && ops[j].phase != PH_DONE) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* Peers a receive from any source (ops[a]) may take a message from now:
- * every other connected rank whose next message no earlier receive claims
- * (a rank that sends to us connects first: its connection is published by
- * the acceptor, which wakes the wait through comm->conn_event). */
-static int candidate(const dshim_comm_t *comm, const dshim_xfer_op_t *ops, int a, int p)
-{
-    return p != comm->rank && dshim_comm_conn(comm, p) && !claimed_before(ops, a, p);
-}
-
-/* For messages: a rank a receive from any source (ops[a]) may yet get its
- * message from, connected or not. */
-static int may_send(const dshim_comm_t *comm, const dshim_xfer_op_t *ops, int a, int p)
-{
-    return p != comm->rank && !claimed_before(ops, a, p);
-}
-
-static void bind_to(dshim_xfer_op_t *ops, int n, int a, int p)
-{
-    dshim_xfer_op_t *op = &ops[a];
-    op->peer = p;
-    op->prev = NULL; /* every earlier receive from p is finished (candidate) */
-    for (int j = a + 1; j < n; j++) {
-        /* later receives from p come after it on p's stream */
-        if (is_recv(&ops[j]) && ops[j].peer == p && (!ops[j].prev || ops[j].prev < op)) {
-            ops[j].prev = op;
-        }
-    }
-}
-
-/* Binds the receives from any source that can be, in posting order.  The
- * peers are tried round robin from *next_p, so that one busy sender does not
- * starve the others. */
-static dshim_status_t bind_any_sources(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, int *next_p)
-{
-    for (int a = 0; a < n; a++) {
-        if (!next_to_bind(&ops[a])) {
-            continue;
-        }
-        int found = -1;
-        for (int k = 0; k < comm->size && found < 0; k++) {
-            int p = (*next_p + k) % comm->size;
-            if (!candidate(comm, ops, a, p)) {
-                continue;
-            }
-            int front;
-            dshim_status_t st = stream_front(comm, p, &front);
-            if (st != DSHIM_OK) {
-                return st;
-            }
-            if (front == FRONT_P2P) {
-                found = p;
-            }
-        }
-        if (found < 0) {
-            return DSHIM_OK; /* later ones would take what this one must take first */
-        }
-        bind_to(ops, n, a, found);
-        *next_p = (found + 1) % comm->size;
-    }
-    return DSHIM_OK;
-}
-
-/* For messages: the ranks a receive from any source waits for (no
- * point-to-point message from them is there). */
-static void silent_ranks(dshim_comm_t *comm, const dshim_xfer_op_t *ops, int a, char *out, size_t len)
-{
-    size_t o = 0;
-    out[0] = 0;
-    for (int p = 0; p < comm->size && o + 16 < len; p++) {
-        int front = FRONT_EMPTY;
-        if (!may_send(comm, ops, a, p) ||
-            (candidate(comm, ops, a, p) && stream_front(comm, p, &front) == DSHIM_OK && front == FRONT_P2P)) {
-            continue;
-        }
-        o += (size_t)snprintf(out + o, len - o, "%s%d", o ? ", " : "", p);
-    }
-}
-
-/* Peers we are blocked on, as text, for timeout/dead-peer messages. */
-static void waiting_on(dshim_comm_t *comm, dshim_xfer_op_t *ops, int n, char *out, size_t len)
-{
-    size_t o = 0;
-    out[0] = 0;
-    for (int i = 0; i < n && o + 48 < len; i++) {
-        if (next_to_bind(&ops[i])) {
-            char silent[256];
-            silent_ranks(comm, ops, i, silent, sizeof(silent));
-            o += (size_t)snprintf(out + o, len - o, "%sreceiving from any source (no message from rank%s %s)",
-                                  o ? ", " : "", strchr(silent, ',') ? "s" : "", silent[0] ? silent : "-");
-            continue;
-        }
-        if (!op_active(&ops[i]) && !(ops[i].connecting && ops[i].phase != PH_DONE)) {
-            continue;
-        }
-        char p[160];
-        dshim_comm_describe_peer(comm, ops[i].peer, p, sizeof(p));
-        o += (size_t)snprintf(out + o, len - o, "%s%s %s%s", o ? ", " : "",
-                              ops[i].kind == DSHIM_XF_SEND ? "sending to" : "receiving from", p,
-                              ops[i].connecting ? " (connecting to it: no answer to the handshake yet)" : "");
-    }
-}
-
-/* ---- flight recorder: whom a sleeping step waits for ---------------------- */
-
-static void add_rank(int *ranks, int *n, int r)
-{
-    for (int i = 0; i < *n; i++) {
-        if (ranks[i] == r) {
-            return;
-        }
-    }
-    if (*n < DSHIM_TRACE_WAIT_MAX) {
-        ranks[(*n)++] = r;
-    }
-}
-
-/* The ranks ops[a] waits for: its peer, or for a receive from any source
- * not bound yet, the candidates that have sent it nothing (silent_ranks). */
-static void op_waits_for(dshim_comm_t *comm, const dshim_xfer_op_t *ops, int a, int *ranks, int *n)
-{
-    if (!unbound(&ops[a])) {
-        add_rank(ranks, n, ops[a].peer);
-        return;
-    }
-    for (int p = 0; p < comm->size && *n < DSHIM_TRACE_WAIT_MAX; p++) {
-        int front = FRONT_EMPTY;
-        if (!may_send(comm, ops, a, p) ||
-            (candidate(comm, ops, a, p) && stream_front(comm, p, &front) == DSHIM_OK && front == FRONT_P2P)) {
-            continue;
-        }
-        add_rank(ranks, n, p);
-    }
-}
-
-/* Nothing moved and the step goes to sleep: its entries become "waiting",
- * naming the ranks.  A collective: one entry (comm->trace_op), the peers of
- * the ops that could move but do not (not those held back by their own
- * dependency).  A point-to-point batch: an entry per request, its peer. */
-static void trace_wait(dshim_comm_t *comm, int p2p, dshim_xfer_op_t *ops, int n)
-{
-    int ranks[DSHIM_TRACE_WAIT_MAX];
-    int k = 0;
-    if (!p2p) {
-        for (int i = 0; i < n; i++) {
-            dshim_xfer_op_t *op = &ops[i];
-            if (op_active(op) && op->phase == PH_BODY && op->done < op->len && op->done >= limit_of(op)) {
-                continue;
-            }
-            if (next_to_bind(op) || op_active(op) || (op->connecting && op->phase != PH_DONE)) {
-                op_waits_for(comm, ops, i, ranks, &k);
-            }
-        }
-        dshim_trace_waiting(comm->trace, comm->trace_op, ranks, k);
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        /* a reported request may be freed already by its owner */
-        if (ops[i].phase == PH_DONE || ops[i].reported || !ops[i].user) {
-            continue;
-        }
-        k = 0;
-        op_waits_for(comm, ops, i, ranks, &k);
-        dshim_trace_waiting(comm->trace, ((dshim_request_t *)ops[i].user)->trace_id, ranks, k);
-    }
-}
-
-/* Data moves again after trace_wait. */
-static void trace_moving(dshim_comm_t *comm, int p2p, dshim_xfer_op_t *ops, int n)
-{
-    if (!p2p) {
-        dshim_trace_moving(comm->trace, comm->trace_op);
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        if (!ops[i].reported && ops[i].user) {
-            dshim_trace_moving(comm->trace, ((dshim_request_t *)ops[i].user)->trace_id);
-        }
-    }
-}
-
 /* A step as the wait rule sees it (wait.h): its ops, and whether they are
  * a point-to-point batch (an entry per request in the recorder). */
 typedef struct step_wait {
@@ -589,19 +306,19 @@ typedef struct step_wait {
 static void step_doing(dshim_comm_t *comm, void *ctx, char *out, size_t len)
 {
     step_wait_t *sw = ctx;
-    waiting_on(comm, sw->ops, sw->n, out, len);
+    dshim_xfer_waiting_on(comm, sw->ops, sw->n, out, len);
 }
 
 static void step_trace_waiting(dshim_comm_t *comm, void *ctx)
 {
     step_wait_t *sw = ctx;
-    trace_wait(comm, sw->p2p, sw->ops, sw->n);
+    dshim_xfer_trace_wait(comm, sw->p2p, sw->ops, sw->n);
 }
 
 static void step_trace_moving(dshim_comm_t *comm, void *ctx)
 {
     step_wait_t *sw = ctx;
-    trace_moving(comm, sw->p2p, sw->ops, sw->n);
+    dshim_xfer_trace_moving(comm, sw->p2p, sw->ops, sw->n);
 }
 
 /* Sleeps until a connection we are blocked on may move (the transports'
@@ -631,7 +348,7 @@ static dshim_status_t wait_for_events(dshim_comm_t *comm, dshim_xfer_op_t *ops, 
             any_source = 1;
             for (int p = 0; p < comm->size && !dshim_wait_set_full(&ws); p++) {
                 int front = FRONT_EMPTY;
-                if (!candidate(comm, ops, i, p) || stream_front(comm, p, &front) != DSHIM_OK || front != FRONT_EMPTY) {
+                if (!dshim_xfer_candidate(comm, ops, i, p) || dshim_xfer_stream_front(comm, p, &front) != DSHIM_OK || front != FRONT_EMPTY) {
                     continue;
                 }
                 dshim_wait_set_add(&ws, &comm->waiter, dshim_comm_conn(comm, p), 0);
@@ -876,7 +593,7 @@ static dshim_status_t retry_after_wait_error(dshim_comm_t *comm, const dshim_col
     snprintf(cause, sizeof(cause), "%s", dshim_last_error());
     /* data may have arrived just before the peer left: try once more */
     int moved2 = 0;
-    if (bind_any_sources(comm, ops, n, next_source) != DSHIM_OK) {
+    if (dshim_xfer_bind_any_sources(comm, ops, n, next_source) != DSHIM_OK) {
         dshim_error_set_raw(cause);
         return dshim_xfer_fail(comm, sig, st);
     }
@@ -992,7 +709,7 @@ static dshim_status_t xfer_run(dshim_comm_t *comm, const dshim_coll_sig_t *sig, 
             }
             any_connects = dshim_comm_connects_pending(comm, NULL, NULL) > 0;
         }
-        dshim_status_t bst = bind_any_sources(comm, ops, n, &next_source);
+        dshim_status_t bst = dshim_xfer_bind_any_sources(comm, ops, n, &next_source);
         if (bst != DSHIM_OK) {
             return dshim_xfer_fail(comm, sig, bst);
         }

@@ -1,5 +1,5 @@
-/* The parameter server's flight recorder and stall reports (issue 19;
- * private to shim/ps): which worker has not pushed which key to which server.
+/* The parameter server's flight recorder and stall reports (private to
+ * shim/ps): which worker has not pushed which key to which server.
  *
  * Rings (shim/trace/trace.h), one per node, named for the launcher's
  * diagnosis (docs/observability.md):

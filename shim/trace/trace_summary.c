@@ -1,5 +1,5 @@
 /*
- * The end-of-job summary (DSHIM_SUMMARY=1, issue 19): at exit every process
+ * The end-of-job summary (DSHIM_SUMMARY=1): at exit every process
  * that opened a communicator prints one short table to stderr, fed by the
  * same finished operations as the timeline (trace_timeline.c):
  *

@@ -1,5 +1,5 @@
 /*
- * The timeline (DSHIM_TIMELINE=FILE, issue 19): every finished operation of
+ * The timeline (DSHIM_TIMELINE=FILE): every finished operation of
  * this process as one Chrome trace-event "complete" event, in a file that
  * chrome://tracing, Perfetto (ui.perfetto.dev) and `dshim-run --timeline`
  * read.  Fed by the flight recorder (trace.c calls the three hooks below),
