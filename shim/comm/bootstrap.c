@@ -541,130 +541,188 @@ dshim_status_t dshim_comm_connect_start(dshim_comm_t *comm, int r)
     return DSHIM_OK;
 }
 
+/* Where a handshake in progress stands after one look: finished (done),
+ * or waiting for fd to be ready for events, or moving on to the next phase
+ * now (neither). */
+typedef struct connect_look {
+    int *done_p;
+    int *fd_p;
+    short *events_p;
+} connect_look_t;
+
+static dshim_status_t look_wait(const connect_look_t *lk, int fd, short events, int *stop)
+{
+    *lk->fd_p = fd;
+    *lk->events_p = events;
+    *stop = 1;
+    return DSHIM_OK;
+}
+
+static dshim_status_t look_done(const connect_look_t *lk, int *stop)
+{
+    *lk->done_p = 1;
+    *stop = 1;
+    return DSHIM_OK;
+}
+
+/* PC_CONNECT: the non-blocking connect completes, or fails naming the peer. */
+static dshim_status_t poll_connect(dshim_comm_t *comm, int r, const connect_look_t *lk, int *stop)
+{
+    dshim_pending_conn_t *pc = &comm->pending[r];
+    struct pollfd p = {.fd = pc->fd, .events = POLLOUT};
+    if (poll(&p, 1, 0) <= 0) {
+        return look_wait(lk, pc->fd, POLLOUT, stop);
+    }
+    int err = 0;
+    socklen_t el = sizeof(err);
+    getsockopt(pc->fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    if (err && peer_published_meanwhile(comm, r)) {
+        return look_done(lk, stop);
+    }
+    if (err) {
+        char who[160], ip[INET_ADDRSTRLEN];
+        dshim_comm_describe_peer(comm, r, who, sizeof(who));
+        struct in_addr a = {.s_addr = comm->peers[r].ip};
+        inet_ntop(AF_INET, &a, ip, sizeof(ip));
+        pending_fail(comm, r);
+        *stop = 1;
+        return dshim_error_quiet(DSHIM_ERR_PEER, "cannot connect to %s at %s:%d: %s%s", who, ip,
+                                 comm->peers[r].port, strerror(err),
+                                 err == ECONNREFUSED ? " (its process exited, crashed or was killed)" : "");
+    }
+    pc->phase = PC_SEND;
+    pc->off = 0;
+    return DSHIM_OK;
+}
+
+/* PC_SEND: this rank's HELLO goes out, in as many pieces as the socket takes. */
+static dshim_status_t poll_send_hello(dshim_comm_t *comm, int r, const connect_look_t *lk, int *stop)
+{
+    dshim_pending_conn_t *pc = &comm->pending[r];
+    ssize_t n = send(pc->fd, (char *)&pc->hello + pc->off, sizeof(pc->hello) - pc->off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        int err = errno;
+        if (peer_published_meanwhile(comm, r)) {
+            return look_done(lk, stop);
+        }
+        char who[160];
+        dshim_comm_describe_peer(comm, r, who, sizeof(who));
+        pending_fail(comm, r);
+        *stop = 1;
+        return dshim_error_quiet(DSHIM_ERR_PEER, "handshake with %s failed: %s", who, strerror(err));
+    }
+    pc->off += n > 0 ? (size_t)n : 0;
+    if (pc->off < sizeof(pc->hello)) {
+        return look_wait(lk, pc->fd, POLLOUT, stop);
+    }
+    pc->phase = PC_REPLY;
+    pc->off = 0;
+    return DSHIM_OK;
+}
+
+/* A whole reply: OK makes the connection, LOSE / HAVE leave it to the
+ * acceptor (the peer's own connection is, or will be, published there),
+ * anything else fails naming the peer. */
+static dshim_status_t take_reply(dshim_comm_t *comm, int r, const connect_look_t *lk, int *stop)
+{
+    dshim_pending_conn_t *pc = &comm->pending[r];
+    const hello_t *h = &pc->reply.hello;
+    char who[160];
+    dshim_comm_describe_peer(comm, r, who, sizeof(who));
+    if (h->magic != HELLO_MAGIC || h->version != HELLO_VERSION || h->token_hash != comm->hello_hash ||
+        h->rank != r || h->size != comm->size) {
+        pending_fail(comm, r);
+        *stop = 1;
+        return dshim_error_quiet(DSHIM_ERR_PROTOCOL,
+                                 "%s answered with a bad handshake (another job on that port, or another "
+                                 "dshim version?)", who);
+    }
+    int answer = pc->reply.answer;
+    if (answer == ANSWER_FAILED || answer == ANSWER_ERROR) {
+        pending_fail(comm, r);
+        *stop = 1;
+        return dshim_error_quiet(DSHIM_ERR_PEER, "%s refused the connection: %s", who,
+                                 answer == ANSWER_FAILED ? "its communicator failed"
+                                                         : "it could not set it up (its log says why)");
+    }
+    if (answer != ANSWER_OK) {
+        close(pc->fd);
+        pc->fd = -1;
+        pc->phase = PC_WAIT_WINNER;
+        return DSHIM_OK;
+    }
+    dshim_conn_t *conn = NULL;
+    dshim_status_t st = make_conn(comm, r, pc->fd, pc->reply.fallback != 0, &conn);
+    if (st != DSHIM_OK) {
+        char cause[512];
+        snprintf(cause, sizeof(cause), "%s", dshim_last_error());
+        pending_fail(comm, r);
+        *stop = 1;
+        return dshim_error_quiet(st, "cannot set up the connection to %s: %s", who, cause);
+    }
+    pc->fd = -1; /* the connection's now */
+    pthread_mutex_lock(&comm->conn_lock);
+    if (comm->conn_state[r] == DSHIM_CONN_READY) {
+        /* cannot happen (the peer would have answered HAVE or LOSE), but
+         * never two connections to one peer */
+        conn->ops->destroy(conn);
+    } else {
+        publish_conn(comm, r, conn);
+    }
+    pthread_mutex_unlock(&comm->conn_lock);
+    pending_reset(comm, r);
+    return look_done(lk, stop);
+}
+
+/* PC_REPLY: the peer's answer comes in, then take_reply. */
+static dshim_status_t poll_reply(dshim_comm_t *comm, int r, const connect_look_t *lk, int *stop)
+{
+    dshim_pending_conn_t *pc = &comm->pending[r];
+    ssize_t n = recv(pc->fd, (char *)&pc->reply + pc->off, sizeof(pc->reply) - pc->off, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        int err = n == 0 ? 0 : errno;
+        if (peer_published_meanwhile(comm, r)) {
+            return look_done(lk, stop);
+        }
+        char who[160];
+        dshim_comm_describe_peer(comm, r, who, sizeof(who));
+        pending_fail(comm, r);
+        *stop = 1;
+        return dshim_error_quiet(DSHIM_ERR_PEER, "%s closed the connection during the handshake%s%s%s", who,
+                                 err ? " (" : " (it exited, crashed or was killed, or rejected this rank",
+                                 err ? strerror(err) : "", ")");
+    }
+    pc->off += n > 0 ? (size_t)n : 0;
+    if (pc->off < sizeof(pc->reply)) {
+        return look_wait(lk, pc->fd, POLLIN, stop);
+    }
+    return take_reply(comm, r, lk, stop);
+}
+
 dshim_status_t dshim_comm_connect_poll(dshim_comm_t *comm, int r, int *done_p, int *fd_p, short *events_p)
 {
     dshim_pending_conn_t *pc = &comm->pending[r];
-    char who[160];
+    connect_look_t lk = {done_p, fd_p, events_p};
     *done_p = 0;
     *fd_p = -1;
     *events_p = 0;
     /* A handshake of mine is finished even when the acceptor published the
      * peer's connection meanwhile (it won): the peer answers it HAVE or LOSE,
-     * where a dropped socket would read as a stray in its log. */
+     * where a dropped socket would read as a stray in its log.  Each phase
+     * either stops this look or hands over to the next. */
+    int stop = 0;
+    dshim_status_t st = DSHIM_OK;
     if (pc->phase == PC_CONNECT) {
-        struct pollfd p = {.fd = pc->fd, .events = POLLOUT};
-        if (poll(&p, 1, 0) <= 0) {
-            *fd_p = pc->fd;
-            *events_p = POLLOUT;
-            return DSHIM_OK;
-        }
-        int err = 0;
-        socklen_t el = sizeof(err);
-        getsockopt(pc->fd, SOL_SOCKET, SO_ERROR, &err, &el);
-        if (err && peer_published_meanwhile(comm, r)) {
-            *done_p = 1;
-            return DSHIM_OK;
-        }
-        if (err) {
-            dshim_comm_describe_peer(comm, r, who, sizeof(who));
-            char ip[INET_ADDRSTRLEN];
-            struct in_addr a = {.s_addr = comm->peers[r].ip};
-            inet_ntop(AF_INET, &a, ip, sizeof(ip));
-            pending_fail(comm, r);
-            return dshim_error_quiet(DSHIM_ERR_PEER, "cannot connect to %s at %s:%d: %s%s", who, ip,
-                                     comm->peers[r].port, strerror(err),
-                                     err == ECONNREFUSED ? " (its process exited, crashed or was killed)" : "");
-        }
-        pc->phase = PC_SEND;
-        pc->off = 0;
+        st = poll_connect(comm, r, &lk, &stop);
     }
-    if (pc->phase == PC_SEND) {
-        ssize_t n = send(pc->fd, (char *)&pc->hello + pc->off, sizeof(pc->hello) - pc->off,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            int err = errno;
-            if (peer_published_meanwhile(comm, r)) {
-                *done_p = 1;
-                return DSHIM_OK;
-            }
-            dshim_comm_describe_peer(comm, r, who, sizeof(who));
-            pending_fail(comm, r);
-            return dshim_error_quiet(DSHIM_ERR_PEER, "handshake with %s failed: %s", who, strerror(err));
-        }
-        pc->off += n > 0 ? (size_t)n : 0;
-        if (pc->off < sizeof(pc->hello)) {
-            *fd_p = pc->fd;
-            *events_p = POLLOUT;
-            return DSHIM_OK;
-        }
-        pc->phase = PC_REPLY;
-        pc->off = 0;
+    if (!stop && pc->phase == PC_SEND) {
+        st = poll_send_hello(comm, r, &lk, &stop);
     }
-    if (pc->phase == PC_REPLY) {
-        ssize_t n = recv(pc->fd, (char *)&pc->reply + pc->off, sizeof(pc->reply) - pc->off, MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            int err = n == 0 ? 0 : errno;
-            if (peer_published_meanwhile(comm, r)) {
-                *done_p = 1;
-                return DSHIM_OK;
-            }
-            dshim_comm_describe_peer(comm, r, who, sizeof(who));
-            pending_fail(comm, r);
-            return dshim_error_quiet(DSHIM_ERR_PEER, "%s closed the connection during the handshake%s%s%s", who,
-                                     err ? " (" : " (it exited, crashed or was killed, or rejected this rank",
-                                     err ? strerror(err) : "", ")");
-        }
-        pc->off += n > 0 ? (size_t)n : 0;
-        if (pc->off < sizeof(pc->reply)) {
-            *fd_p = pc->fd;
-            *events_p = POLLIN;
-            return DSHIM_OK;
-        }
-        const hello_t *h = &pc->reply.hello;
-        dshim_comm_describe_peer(comm, r, who, sizeof(who));
-        if (h->magic != HELLO_MAGIC || h->version != HELLO_VERSION || h->token_hash != comm->hello_hash ||
-            h->rank != r || h->size != comm->size) {
-            pending_fail(comm, r);
-            return dshim_error_quiet(DSHIM_ERR_PROTOCOL,
-                                     "%s answered with a bad handshake (another job on that port, or another "
-                                     "dshim version?)", who);
-        }
-        int answer = pc->reply.answer;
-        if (answer == ANSWER_FAILED || answer == ANSWER_ERROR) {
-            pending_fail(comm, r);
-            return dshim_error_quiet(DSHIM_ERR_PEER, "%s refused the connection: %s", who,
-                                     answer == ANSWER_FAILED ? "its communicator failed"
-                                                             : "it could not set it up (its log says why)");
-        }
-        if (answer != ANSWER_OK) {
-            /* LOSE / HAVE: the peer's own connection is (or will be)
-             * published here by the acceptor */
-            close(pc->fd);
-            pc->fd = -1;
-            pc->phase = PC_WAIT_WINNER;
-        } else {
-            dshim_conn_t *conn = NULL;
-            dshim_status_t st = make_conn(comm, r, pc->fd, pc->reply.fallback != 0, &conn);
-            if (st != DSHIM_OK) {
-                char cause[512];
-                snprintf(cause, sizeof(cause), "%s", dshim_last_error());
-                pending_fail(comm, r);
-                return dshim_error_quiet(st, "cannot set up the connection to %s: %s", who, cause);
-            }
-            pc->fd = -1; /* the connection's now */
-            pthread_mutex_lock(&comm->conn_lock);
-            if (comm->conn_state[r] == DSHIM_CONN_READY) {
-                /* cannot happen (the peer would have answered HAVE or
-                 * LOSE), but never two connections to one peer */
-                conn->ops->destroy(conn);
-            } else {
-                publish_conn(comm, r, conn);
-            }
-            pthread_mutex_unlock(&comm->conn_lock);
-            pending_reset(comm, r);
-            *done_p = 1;
-            return DSHIM_OK;
-        }
+    if (!stop && pc->phase == PC_REPLY) {
+        st = poll_reply(comm, r, &lk, &stop);
+    }
+    if (stop) {
+        return st;
     }
     /* PC_WAIT_WINNER */
     if (dshim_comm_conn(comm, r)) {

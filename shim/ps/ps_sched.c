@@ -450,6 +450,99 @@ static void stop_servers_if_workers_left(const dshim_ps_env_t *env, sched_node_t
     DSHIM_PS_INFO(env, -1, "every worker left: servers told to stop");
 }
 
+/* A connection after every node registered: refused (a restarted node
+ * cannot rejoin a running job).  Out of descriptors, *lfd_open = 0. */
+static void refuse_latecomer(int lfd, int *lfd_open)
+{
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0 && dshim_net_out_of_fds(errno, "the parameter-server scheduler cannot accept a connection")) {
+        /* a latecomer is refused anyway (its connect fails when the
+         * scheduler exits); stop polling a listener that would stay
+         * readable and spin this loop */
+        fprintf(stderr, "[dshim-ps scheduler] %s; no longer refusing latecomers\n", dshim_last_error());
+        *lfd_open = 0;
+    }
+    if (fd >= 0) {
+        fprintf(stderr, "[dshim-ps scheduler] refused a connection after all nodes registered (a restarted "
+                "node cannot rejoin a running job)\n");
+        close(fd);
+    }
+}
+
+/* One message from node n: a barrier arrival, a goodbye (*byes counts
+ * them), its own failure or its death, which end the job for everyone. */
+static dshim_status_t on_message(const dshim_ps_env_t *env, sched_node_t *nodes, int total, sched_node_t *n,
+                                 sched_watch_t *watch, int *byes)
+{
+    dshim_ps_hdr_t h;
+    dshim_status_t r = dshim_ps_recv_hdr(n->fd, &h, dshim_now() + DSHIM_PS_CONTROL_S);
+    if (r != DSHIM_OK) {
+        announce_end(env, nodes, total, n, "died",
+                     "its connection to the scheduler closed without a goodbye (the process crashed, was "
+                     "killed or exited before the kvstore was freed)", NULL, 0);
+        char who[160];
+        describe(n, who, sizeof(who));
+        dshim_status_t st = dshim_error(DSHIM_ERR_PEER, "dshim ps scheduler: %s died", who);
+        if (watch->ring != NULL) {
+            dshim_trace_dump_all("peer", dshim_last_error());
+        }
+        return st;
+    }
+    DSHIM_PS_TRACE(env, -1, "%s from %s %d", dshim_ps_msg_name(h.type),
+                   dshim_ps_role_name((dshim_ps_role_t)n->hello.role), n->rank);
+    if (h.type == DSHIM_PS_MSG_FAIL) {
+        /* its own error ends the job: everyone hears the cause, not a death */
+        char why[448] = "";
+        size_t k = h.len < 440 ? h.len : 440;
+        if (dshim_ps_recv_body(n->fd, why, k, dshim_now() + DSHIM_PS_CONTROL_S) != DSHIM_OK) {
+            why[0] = '\0';
+        }
+        why[k] = '\0';
+        char text[448];
+        announce_end(env, nodes, total, n, "ended with an error", why, text, sizeof(text));
+        dshim_status_t st = dshim_error(DSHIM_ERR_PEER, "dshim ps scheduler: %s", text);
+        if (watch->ring != NULL) {
+            dshim_trace_dump_all("peer", dshim_last_error());
+        }
+        return st;
+    }
+    if (h.type == DSHIM_PS_MSG_BARRIER) {
+        barrier_arrive(env, nodes, total, n, h.key, watch);
+    } else if (h.type == DSHIM_PS_MSG_BYE) {
+        n->bye = 1;
+        (*byes)++;
+        stop_servers_if_workers_left(env, nodes, total);
+    } else {
+        dshim_ps_skip_body(n->fd, h.len, dshim_now() + DSHIM_PS_CONTROL_S);
+    }
+    return DSHIM_OK;
+}
+
+/* A barrier past the timeout ends the job: every node still connected (the
+ * missing ones too: one that only sleeps learns why) is told the cause. */
+static dshim_status_t end_expired_barrier(const dshim_ps_env_t *env, sched_node_t *nodes, int total,
+                                          sched_watch_t *watch)
+{
+    char text[448];
+    int group = 0;
+    if (!barrier_expired(watch, env, nodes, total, text, sizeof(text), &group)) {
+        return DSHIM_OK;
+    }
+    fprintf(stderr, "[dshim-ps scheduler] %s\n", text);
+    dshim_ps_hdr_t h;
+    dshim_ps_hdr_init(&h, DSHIM_PS_MSG_DEAD, group, strlen(text));
+    for (int i = 0; i < total; i++) {
+        if (nodes[i].fd >= 0 && !nodes[i].bye) {
+            dshim_ps_send(nodes[i].fd, &h, text, dshim_now() + DSHIM_PS_FAREWELL_S);
+        }
+    }
+    dshim_status_t st = dshim_error(DSHIM_ERR_TIMEOUT, "dshim ps scheduler: %s", text);
+    if (watch->ring != NULL) {
+        dshim_trace_dump_all("timeout", dshim_last_error());
+    }
+    return st;
+}
+
 dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
 {
     dshim_log_init(); /* DSHIM_DEBUG's level, before the first ps_log.h line */
@@ -496,84 +589,18 @@ dshim_status_t dshim_ps_scheduler_run(const dshim_ps_env_t *env)
             break;
         }
         if (pfds[total].revents & POLLIN) {
-            int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-            if (fd < 0 && dshim_net_out_of_fds(errno, "the parameter-server scheduler cannot accept a connection")) {
-                /* a latecomer is refused anyway (its connect fails when the
-                 * scheduler exits); stop polling a listener that would stay
-                 * readable and spin this loop */
-                fprintf(stderr, "[dshim-ps scheduler] %s; no longer refusing latecomers\n", dshim_last_error());
-                lfd_open = 0;
-            }
-            if (fd >= 0) {
-                fprintf(stderr, "[dshim-ps scheduler] refused a connection after all nodes registered (a restarted "
-                        "node cannot rejoin a running job)\n");
-                close(fd);
-            }
+            refuse_latecomer(lfd, &lfd_open);
         }
         for (int i = 0; i < total && st == DSHIM_OK; i++) {
             if (!dshim_ps_conn_ready(&pfds[i])) {
                 continue;
             }
-            sched_node_t *n = &nodes[i];
-            dshim_ps_hdr_t h;
-            dshim_status_t r = dshim_ps_recv_hdr(n->fd, &h, dshim_now() + DSHIM_PS_CONTROL_S);
-            if (r != DSHIM_OK) {
-                announce_end(env, nodes, total, n, "died",
-                             "its connection to the scheduler closed without a goodbye (the process crashed, was "
-                             "killed or exited before the kvstore was freed)", NULL, 0);
-                char who[160];
-                describe(n, who, sizeof(who));
-                st = dshim_error(DSHIM_ERR_PEER, "dshim ps scheduler: %s died", who);
-                if (watch.ring != NULL) {
-                    dshim_trace_dump_all("peer", dshim_last_error());
-                }
-                break;
-            }
-            DSHIM_PS_TRACE(env, -1, "%s from %s %d", dshim_ps_msg_name(h.type),
-                           dshim_ps_role_name((dshim_ps_role_t)n->hello.role), n->rank);
-            if (h.type == DSHIM_PS_MSG_FAIL) {
-                /* its own error ends the job: everyone hears the cause, not a death */
-                char why[448] = "";
-                size_t k = h.len < 440 ? h.len : 440;
-                if (dshim_ps_recv_body(n->fd, why, k, dshim_now() + DSHIM_PS_CONTROL_S) != DSHIM_OK) {
-                    why[0] = '\0';
-                }
-                why[k] = '\0';
-                char text[448];
-                announce_end(env, nodes, total, n, "ended with an error", why, text, sizeof(text));
-                st = dshim_error(DSHIM_ERR_PEER, "dshim ps scheduler: %s", text);
-                if (watch.ring != NULL) {
-                    dshim_trace_dump_all("peer", dshim_last_error());
-                }
-                break;
-            } else if (h.type == DSHIM_PS_MSG_BARRIER) {
-                barrier_arrive(env, nodes, total, n, h.key, &watch);
-            } else if (h.type == DSHIM_PS_MSG_BYE) {
-                n->bye = 1;
-                byes++;
-                stop_servers_if_workers_left(env, nodes, total);
-            } else {
-                dshim_ps_skip_body(n->fd, h.len, dshim_now() + DSHIM_PS_CONTROL_S);
-            }
+            st = on_message(env, nodes, total, &nodes[i], &watch, &byes);
         }
         watch_check(&watch, env, nodes, total); /* barriers some node never reaches */
         say_waiting(&watch, env, nodes, total);
-        char text[448];
-        int group = 0;
-        if (st == DSHIM_OK && barrier_expired(&watch, env, nodes, total, text, sizeof(text), &group)) {
-            fprintf(stderr, "[dshim-ps scheduler] %s\n", text);
-            dshim_ps_hdr_t h;
-            dshim_ps_hdr_init(&h, DSHIM_PS_MSG_DEAD, group, strlen(text));
-            for (int i = 0; i < total; i++) {
-                /* the missing ones too: one that only sleeps learns why the job ends */
-                if (nodes[i].fd >= 0 && !nodes[i].bye) {
-                    dshim_ps_send(nodes[i].fd, &h, text, dshim_now() + DSHIM_PS_FAREWELL_S);
-                }
-            }
-            st = dshim_error(DSHIM_ERR_TIMEOUT, "dshim ps scheduler: %s", text);
-            if (watch.ring != NULL) {
-                dshim_trace_dump_all("timeout", dshim_last_error());
-            }
+        if (st == DSHIM_OK) {
+            st = end_expired_barrier(env, nodes, total, &watch);
         }
     }
     for (int i = 0; i < total; i++) {
