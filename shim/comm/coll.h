@@ -1,21 +1,45 @@
-/* Collective algorithms: each runs inside the engine's executor, written
- * against dshim_xfer() only (never against a transport); the barrier of
- * ranks that share a host goes through the host gate (host_gate.h). */
+/* Collectives and their algorithms, run inside the engine's executor.
+ *
+ * Names: dshim_coll_<collective> is a collective's dispatcher (the
+ * engine's request function: picks the algorithm and runs it);
+ * dshim_<collective>_<algorithm> is an algorithm (dshim_allreduce_ring,
+ * dshim_barrier_gate); dshim_<collective>_<algorithm>_fits and
+ * dshim_allreduce_choice are the rules that pick one.  Every algorithm
+ * lives in a shim/comm/coll_*.c.  They are written against dshim_xfer()
+ * only (never against a transport), but for the gate's, which meet in
+ * shared memory through the host gate's mechanism (host_gate.h). */
 #ifndef DSHIM_COLL_H
 #define DSHIM_COLL_H
 
 #include "engine.h"
 #include "xfer.h"
 
-dshim_status_t dshim_algo_allreduce(dshim_comm_t *comm, dshim_request_t *req);
-dshim_status_t dshim_algo_broadcast(dshim_comm_t *comm, dshim_request_t *req);
-dshim_status_t dshim_algo_reduce(dshim_comm_t *comm, dshim_request_t *req);
-dshim_status_t dshim_algo_allgatherv(dshim_comm_t *comm, dshim_request_t *req);
-dshim_status_t dshim_algo_reduce_scatter(dshim_comm_t *comm, dshim_request_t *req);
-dshim_status_t dshim_algo_alltoallv(dshim_comm_t *comm, dshim_request_t *req);
-dshim_status_t dshim_algo_gather(dshim_comm_t *comm, dshim_request_t *req);
-dshim_status_t dshim_algo_scatter(dshim_comm_t *comm, dshim_request_t *req);
-dshim_status_t dshim_algo_barrier(dshim_comm_t *comm, dshim_request_t *req);
+dshim_status_t dshim_coll_allreduce(dshim_comm_t *comm, dshim_request_t *req);
+dshim_status_t dshim_coll_broadcast(dshim_comm_t *comm, dshim_request_t *req);
+dshim_status_t dshim_coll_reduce(dshim_comm_t *comm, dshim_request_t *req);
+dshim_status_t dshim_coll_allgatherv(dshim_comm_t *comm, dshim_request_t *req);
+dshim_status_t dshim_coll_reduce_scatter(dshim_comm_t *comm, dshim_request_t *req);
+dshim_status_t dshim_coll_alltoallv(dshim_comm_t *comm, dshim_request_t *req);
+dshim_status_t dshim_coll_gather(dshim_comm_t *comm, dshim_request_t *req);
+dshim_status_t dshim_coll_scatter(dshim_comm_t *comm, dshim_request_t *req);
+dshim_status_t dshim_coll_barrier(dshim_comm_t *comm, dshim_request_t *req);
+
+/* Through the host gate (coll_gate.c; comm->gate_transport >= 0: every rank
+ * on this host).  The barrier: every rank arrives, the last opens. */
+dshim_status_t dshim_barrier_gate(dshim_comm_t *comm, const dshim_coll_sig_t *sig);
+/* An allreduce in one round (count elements of at most DSHIM_HOST_AREA_DATA
+ * bytes): every rank copies its data into its block and arrives, the last
+ * one reduces the blocks in rank order into the result, and every rank
+ * copies the result out. */
+dshim_status_t dshim_allreduce_gate(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf, void *rbuf,
+                                    size_t count);
+/* The same with the reduction split, for any count: every rank copies its
+ * data in and arrives; then each reduces its 1/N of the elements over the N
+ * blocks into the result and arrives again; then every rank copies the
+ * result out.  In pieces, two in flight: pieces + 1 rounds, and N ranks
+ * reduce at once. */
+dshim_status_t dshim_allreduce_gate_split(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
+                                          void *rbuf, size_t count);
 
 /* Hierarchical (coll_hier.c; comm->local set): reduce inside the host
  * (shared memory) to its first rank, allreduce between the hosts' first
@@ -190,7 +214,7 @@ static inline int dshim_allreduce_rabenseifner_fits(const dshim_comm_t *comm, si
 _Static_assert(DSHIM_GATE_ALLREDUCE_MAX_BYTES <= DSHIM_HOST_AREA_DATA, "the host gate's data blocks are too small");
 
 /* Which allreduce algorithm runs a request: decided here once, for
- * dshim_algo_allreduce and for the flight recorder's entry. */
+ * dshim_coll_allreduce and for the flight recorder's entry. */
 typedef enum {
     DSHIM_AR_NONE = 0,
     DSHIM_AR_HIER,

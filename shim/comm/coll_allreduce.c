@@ -1,5 +1,8 @@
-/* Allreduce: through the host gate or by recursive doubling for small
- * messages, pipelined ring for large ones (coll.h dshim_allreduce_choice).
+/* Allreduce: its dispatcher (dshim_coll_allreduce: the algorithm that
+ * dshim_allreduce_choice in coll.h picks; the gate's, the hierarchy's and
+ * the single copy's live in coll_gate.c, coll_hier.c, coll_single_copy.c)
+ * and the algorithms over messages: recursive doubling for small messages,
+ * direct, Rabenseifner's, pipelined ring for large ones.
  * Every rank ends with bit-identical buffers: the ring computes each element
  * exactly once and copies it around; recursive doubling always combines
  * operands in rank order (lower rank's partial first). */
@@ -8,7 +11,6 @@
 #include <string.h>
 
 #include "coll.h"
-#include "host_gate.h"
 #include "status.h"
 
 static int mod(int a, int n)
@@ -266,7 +268,7 @@ dshim_status_t dshim_allreduce_ring(dshim_comm_t *comm, const dshim_coll_sig_t *
     return xfer_and_free(comm, sig, ops, k, ops_stack);
 }
 
-dshim_status_t dshim_algo_allreduce(dshim_comm_t *comm, dshim_request_t *req)
+dshim_status_t dshim_coll_allreduce(dshim_comm_t *comm, dshim_request_t *req)
 {
     size_t es = dshim_dtype_size(req->dtype);
     size_t bytes = req->count * es;
@@ -291,16 +293,16 @@ dshim_status_t dshim_algo_allreduce(dshim_comm_t *comm, dshim_request_t *req)
         }
         return dshim_allreduce_rabenseifner(comm, &req->sig, req->rbuf, req->count);
     case DSHIM_AR_GATE:
-        return dshim_host_gate_allreduce(comm, &req->sig, req->sbuf, req->rbuf, req->count);
+        return dshim_allreduce_gate(comm, &req->sig, req->sbuf, req->rbuf, req->count);
     case DSHIM_AR_GATE_SPLIT:
-        return dshim_host_gate_allreduce_split(comm, &req->sig, req->sbuf, req->rbuf, req->count);
+        return dshim_allreduce_gate_split(comm, &req->sig, req->sbuf, req->rbuf, req->count);
     case DSHIM_AR_SINGLE_COPY: {
         dshim_status_t st = dshim_allreduce_single_copy(comm, &req->sig, req->sbuf, req->rbuf, req->count);
         if (st != DSHIM_ERR_UNSUPPORTED) {
             return st;
         }
         /* the probe found a rank that cannot read the others: messages */
-        return dshim_algo_allreduce(comm, req);
+        return dshim_coll_allreduce(comm, req);
     }
     case DSHIM_AR_RING:
         break;

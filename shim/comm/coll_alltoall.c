@@ -3,7 +3,6 @@
 #include <string.h>
 
 #include "coll.h"
-#include "host_gate.h"
 #include "status.h"
 
 static int mod(int a, int n)
@@ -22,7 +21,7 @@ static dshim_status_t alloc_ops(size_t n, dshim_xfer_op_t **ops_p)
 
 /* Ring allgather over uneven blocks: block b is counts[b] elements at displs[b].
  * Each step forwards the block received in the previous one (pipelined). */
-dshim_status_t dshim_algo_allgatherv(dshim_comm_t *comm, dshim_request_t *req)
+dshim_status_t dshim_coll_allgatherv(dshim_comm_t *comm, dshim_request_t *req)
 {
     int n = comm->size, r = comm->rank;
     size_t es = dshim_dtype_size(req->dtype);
@@ -66,7 +65,7 @@ static size_t rs_block_len(const dshim_request_t *req, int b, size_t es)
 /* Ring reduce-scatter: the partial of block b travels the ring collecting
  * every rank's contribution and ends complete at rank b.  Blocks are even
  * (count each) or, for reduce_scatterv, counts[b] elements at displs[b]. */
-dshim_status_t dshim_algo_reduce_scatter(dshim_comm_t *comm, dshim_request_t *req)
+dshim_status_t dshim_coll_reduce_scatter(dshim_comm_t *comm, dshim_request_t *req)
 {
     int n = comm->size, r = comm->rank;
     size_t es = dshim_dtype_size(req->dtype);
@@ -104,7 +103,7 @@ dshim_status_t dshim_algo_reduce_scatter(dshim_comm_t *comm, dshim_request_t *re
 }
 
 /* Alltoall(v): every pair exchanges directly, all at once. */
-dshim_status_t dshim_algo_alltoallv(dshim_comm_t *comm, dshim_request_t *req)
+dshim_status_t dshim_coll_alltoallv(dshim_comm_t *comm, dshim_request_t *req)
 {
     int n = comm->size, r = comm->rank;
     size_t es = dshim_dtype_size(req->dtype);
@@ -143,10 +142,10 @@ dshim_status_t dshim_algo_alltoallv(dshim_comm_t *comm, dshim_request_t *req)
  * docs/benchmarks.md), and any N takes ceil(log2 N) rounds without folding.
  * Every rank on one host meets at the host gate instead; ranks on several
  * hosts whose hosts have gates, through the hierarchy (coll_hier.c). */
-dshim_status_t dshim_algo_barrier(dshim_comm_t *comm, dshim_request_t *req)
+dshim_status_t dshim_coll_barrier(dshim_comm_t *comm, dshim_request_t *req)
 {
     if (comm->gate_transport >= 0) {
-        return dshim_host_gate_barrier(comm, &req->sig); /* every rank on this host: one shared counter */
+        return dshim_barrier_gate(comm, &req->sig); /* every rank on this host: one shared counter */
     }
     if (comm->barrier_hier) {
         return dshim_barrier_hier(comm, req);

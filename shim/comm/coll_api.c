@@ -106,7 +106,7 @@ static dshim_status_t allreduce_(dshim_comm_t *comm, const void *sbuf, void *rbu
     DSHIM_CHECK(check_buf(comm, sbuf, count, "sendbuf", "allreduce"));
     DSHIM_CHECK(check_buf(comm, rbuf, count, "recvbuf", "allreduce"));
     dshim_request_t r;
-    init_req(&r, dshim_algo_allreduce, DSHIM_COLL_ALLREDUCE, sbuf, rbuf, count, dt, op, -1);
+    init_req(&r, dshim_coll_allreduce, DSHIM_COLL_ALLREDUCE, sbuf, rbuf, count, dt, op, -1);
     return issue(comm, &r, req_p);
 }
 
@@ -132,7 +132,7 @@ static dshim_status_t broadcast_(dshim_comm_t *comm, void *buf, size_t count, ds
     DSHIM_CHECK(check_root(comm, root, "broadcast"));
     DSHIM_CHECK(check_buf(comm, buf, count, "buf", "broadcast"));
     dshim_request_t r;
-    init_req(&r, dshim_algo_broadcast, DSHIM_COLL_BROADCAST, buf, buf, count, dt, DSHIM_SUM, root);
+    init_req(&r, dshim_coll_broadcast, DSHIM_COLL_BROADCAST, buf, buf, count, dt, DSHIM_SUM, root);
     return issue(comm, &r, req_p);
 }
 
@@ -161,7 +161,7 @@ static dshim_status_t reduce_(dshim_comm_t *comm, const void *sbuf, void *rbuf, 
         DSHIM_CHECK(check_buf(comm, rbuf, count, "recvbuf", "reduce"));
     }
     dshim_request_t r;
-    init_req(&r, dshim_algo_reduce, DSHIM_COLL_REDUCE, sbuf, rbuf, count, dt, op, root);
+    init_req(&r, dshim_coll_reduce, DSHIM_COLL_REDUCE, sbuf, rbuf, count, dt, op, root);
     return issue(comm, &r, req_p);
 }
 
@@ -217,7 +217,7 @@ static dshim_status_t allgatherv_(dshim_comm_t *comm, const void *sbuf, void *rb
         return dshim_error(DSHIM_ERR_INVALID, "rank %d: %s: NULL buffer or displacement array", comm->rank, what);
     }
     dshim_request_t r;
-    init_req(&r, dshim_algo_allgatherv, counts ? DSHIM_COLL_ALLGATHERV : DSHIM_COLL_ALLGATHER, sbuf, rbuf, total, dt,
+    init_req(&r, dshim_coll_allgatherv, counts ? DSHIM_COLL_ALLGATHERV : DSHIM_COLL_ALLGATHER, sbuf, rbuf, total, dt,
              DSHIM_SUM, -1);
     r.owned = owned;
     r.counts = owned;
@@ -265,7 +265,7 @@ static dshim_status_t reduce_scatter_(dshim_comm_t *comm, const void *sbuf, void
     DSHIM_CHECK(check_buf(comm, sbuf, count, "sendbuf", "reduce_scatter"));
     DSHIM_CHECK(check_buf(comm, rbuf, count, "recvbuf", "reduce_scatter"));
     dshim_request_t r;
-    init_req(&r, dshim_algo_reduce_scatter, DSHIM_COLL_REDUCE_SCATTER, sbuf, rbuf, count, dt, op, -1);
+    init_req(&r, dshim_coll_reduce_scatter, DSHIM_COLL_REDUCE_SCATTER, sbuf, rbuf, count, dt, op, -1);
     return issue(comm, &r, req_p);
 }
 
@@ -293,7 +293,7 @@ static dshim_status_t reduce_scatterv_(dshim_comm_t *comm, const void *sbuf, voi
         return st;
     }
     dshim_request_t r;
-    init_req(&r, dshim_algo_reduce_scatter, DSHIM_COLL_REDUCE_SCATTERV, sbuf, rbuf, total, dt, op, -1);
+    init_req(&r, dshim_coll_reduce_scatter, DSHIM_COLL_REDUCE_SCATTERV, sbuf, rbuf, total, dt, op, -1);
     r.owned = owned;
     r.counts = owned;
     r.displs = owned + n;
@@ -358,7 +358,7 @@ static dshim_status_t alltoallv_(dshim_comm_t *comm, const void *sbuf, const siz
         return dshim_error(DSHIM_ERR_INVALID, "rank %d: %s: NULL buffer", comm->rank, what);
     }
     dshim_request_t r;
-    init_req(&r, dshim_algo_alltoallv, sc ? DSHIM_COLL_ALLTOALLV : DSHIM_COLL_ALLTOALL, sbuf, rbuf, sc ? 0 : equal,
+    init_req(&r, dshim_coll_alltoallv, sc ? DSHIM_COLL_ALLTOALLV : DSHIM_COLL_ALLTOALL, sbuf, rbuf, sc ? 0 : equal,
              dt, DSHIM_SUM, -1);
     r.owned = owned;
     r.scounts = owned;
@@ -423,7 +423,7 @@ static dshim_status_t rooted_(dshim_comm_t *comm, dshim_exec_fn_t fn, dshim_coll
 
 DSHIM_EXPORT dshim_status_t dshim_gather(dshim_comm_t *c, const void *s, void *r, size_t n, dshim_dtype_t d, int root)
 {
-    return rooted_(c, dshim_algo_gather, DSHIM_COLL_GATHER, s, r, n, d, root, NULL);
+    return rooted_(c, dshim_coll_gather, DSHIM_COLL_GATHER, s, r, n, d, root, NULL);
 }
 
 DSHIM_EXPORT dshim_status_t dshim_igather(dshim_comm_t *c, const void *s, void *r, size_t n, dshim_dtype_t d,
@@ -432,13 +432,13 @@ DSHIM_EXPORT dshim_status_t dshim_igather(dshim_comm_t *c, const void *s, void *
     if (!q) {
         return dshim_error(DSHIM_ERR_INVALID, "igather: req_p is NULL");
     }
-    return rooted_(c, dshim_algo_gather, DSHIM_COLL_GATHER, s, r, n, d, root, q);
+    return rooted_(c, dshim_coll_gather, DSHIM_COLL_GATHER, s, r, n, d, root, q);
 }
 
 DSHIM_EXPORT dshim_status_t dshim_scatter(dshim_comm_t *c, const void *s, void *r, size_t n, dshim_dtype_t d,
                                           int root)
 {
-    return rooted_(c, dshim_algo_scatter, DSHIM_COLL_SCATTER, s, r, n, d, root, NULL);
+    return rooted_(c, dshim_coll_scatter, DSHIM_COLL_SCATTER, s, r, n, d, root, NULL);
 }
 
 DSHIM_EXPORT dshim_status_t dshim_iscatter(dshim_comm_t *c, const void *s, void *r, size_t n, dshim_dtype_t d,
@@ -447,7 +447,7 @@ DSHIM_EXPORT dshim_status_t dshim_iscatter(dshim_comm_t *c, const void *s, void 
     if (!q) {
         return dshim_error(DSHIM_ERR_INVALID, "iscatter: req_p is NULL");
     }
-    return rooted_(c, dshim_algo_scatter, DSHIM_COLL_SCATTER, s, r, n, d, root, q);
+    return rooted_(c, dshim_coll_scatter, DSHIM_COLL_SCATTER, s, r, n, d, root, q);
 }
 
 static dshim_status_t p2p_(dshim_comm_t *comm, int sending, const void *sbuf, void *rbuf, size_t count,
@@ -525,7 +525,7 @@ static dshim_status_t barrier_(dshim_comm_t *comm, dshim_request_t **req_p)
 {
     DSHIM_CHECK(check_common(comm, DSHIM_UINT64, "barrier"));
     dshim_request_t r;
-    init_req(&r, dshim_algo_barrier, DSHIM_COLL_BARRIER, NULL, NULL, 1, DSHIM_UINT64, DSHIM_MAX, -1);
+    init_req(&r, dshim_coll_barrier, DSHIM_COLL_BARRIER, NULL, NULL, 1, DSHIM_UINT64, DSHIM_MAX, -1);
     return issue(comm, &r, req_p);
 }
 

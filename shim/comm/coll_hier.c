@@ -53,26 +53,26 @@ static dshim_status_t sub_step(dshim_comm_t *parent, dshim_comm_t *sub, dshim_ex
 dshim_status_t dshim_allreduce_hier(dshim_comm_t *comm, dshim_request_t *req)
 {
     dshim_redop_t op = req->op == DSHIM_AVG ? DSHIM_SUM : req->op;
-    DSHIM_CHECK(sub_step(comm, comm->local, dshim_algo_reduce, DSHIM_COLL_REDUCE, req->sbuf, req->rbuf, req->count,
+    DSHIM_CHECK(sub_step(comm, comm->local, dshim_coll_reduce, DSHIM_COLL_REDUCE, req->sbuf, req->rbuf, req->count,
                          req->dtype, op));
     if (comm->leaders) {
-        DSHIM_CHECK(sub_step(comm, comm->leaders, dshim_algo_allreduce, DSHIM_COLL_ALLREDUCE, req->rbuf, req->rbuf,
+        DSHIM_CHECK(sub_step(comm, comm->leaders, dshim_coll_allreduce, DSHIM_COLL_ALLREDUCE, req->rbuf, req->rbuf,
                              req->count, req->dtype, op));
         if (req->op == DSHIM_AVG) {
             DSHIM_CHECK(comm->reduce->scale_div(req->rbuf, req->count, req->dtype, comm->size, NULL));
         }
     }
-    return sub_step(comm, comm->local, dshim_algo_broadcast, DSHIM_COLL_BROADCAST, req->rbuf, req->rbuf, req->count,
+    return sub_step(comm, comm->local, dshim_coll_broadcast, DSHIM_COLL_BROADCAST, req->rbuf, req->rbuf, req->count,
                     req->dtype, DSHIM_SUM);
 }
 
 dshim_status_t dshim_barrier_hier(dshim_comm_t *comm, dshim_request_t *req)
 {
-    DSHIM_CHECK(sub_step(comm, comm->local, dshim_algo_barrier, DSHIM_COLL_BARRIER, NULL, NULL, 0, req->dtype,
+    DSHIM_CHECK(sub_step(comm, comm->local, dshim_coll_barrier, DSHIM_COLL_BARRIER, NULL, NULL, 0, req->dtype,
                          req->op));
     if (comm->leaders) {
-        DSHIM_CHECK(sub_step(comm, comm->leaders, dshim_algo_barrier, DSHIM_COLL_BARRIER, NULL, NULL, 0, req->dtype,
+        DSHIM_CHECK(sub_step(comm, comm->leaders, dshim_coll_barrier, DSHIM_COLL_BARRIER, NULL, NULL, 0, req->dtype,
                              req->op));
     }
-    return sub_step(comm, comm->local, dshim_algo_barrier, DSHIM_COLL_BARRIER, NULL, NULL, 0, req->dtype, req->op);
+    return sub_step(comm, comm->local, dshim_coll_barrier, DSHIM_COLL_BARRIER, NULL, NULL, 0, req->dtype, req->op);
 }

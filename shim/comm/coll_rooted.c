@@ -56,7 +56,7 @@ static dshim_status_t bcast_chain(dshim_comm_t *comm, const dshim_coll_sig_t *si
     return dshim_xfer(comm, sig, ops, k);
 }
 
-dshim_status_t dshim_algo_broadcast(dshim_comm_t *comm, dshim_request_t *req)
+dshim_status_t dshim_coll_broadcast(dshim_comm_t *comm, dshim_request_t *req)
 {
     size_t bytes = req->count * dshim_dtype_size(req->dtype);
     if (comm->size == 1 || bytes == 0) {
@@ -71,7 +71,7 @@ dshim_status_t dshim_algo_broadcast(dshim_comm_t *comm, dshim_request_t *req)
 /* Reduce: a chain towards the root, pipelined like the broadcast chain.
  * Rank with vrank n-1 starts; every rank adds its own data as the partial
  * result streams through it. */
-dshim_status_t dshim_algo_reduce(dshim_comm_t *comm, dshim_request_t *req)
+dshim_status_t dshim_coll_reduce(dshim_comm_t *comm, dshim_request_t *req)
 {
     int n = comm->size, v = vrank_of(comm->rank, req->root, n);
     size_t bytes = req->count * dshim_dtype_size(req->dtype);
@@ -143,12 +143,12 @@ static dshim_status_t rooted_blocks(dshim_comm_t *comm, dshim_request_t *req, in
     return st;
 }
 
-dshim_status_t dshim_algo_gather(dshim_comm_t *comm, dshim_request_t *req)
+dshim_status_t dshim_coll_gather(dshim_comm_t *comm, dshim_request_t *req)
 {
     return rooted_blocks(comm, req, 1);
 }
 
-dshim_status_t dshim_algo_scatter(dshim_comm_t *comm, dshim_request_t *req)
+dshim_status_t dshim_coll_scatter(dshim_comm_t *comm, dshim_request_t *req)
 {
     return rooted_blocks(comm, req, 0);
 }

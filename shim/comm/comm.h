@@ -70,17 +70,32 @@ const char *dshim_coll_name(int coll);
 
 typedef struct dshim_request dshim_request_t;
 
+/* The communicator.  Each section names the file that writes its fields
+ * and who may read them when.  "Init" is dshim_comm_init and
+ * dshim_comm_create_child (comm.c): dshim_bootstrap (bootstrap.c, and the
+ * plans of host_gate.c and coll_single_copy.c it calls), dshim_engine_init
+ * (engine.c), the recorder's ring and dshim_topo_setup (topo.c), all before
+ * the communicator is returned: fields written at init are read-only
+ * afterwards and any thread may read them.  The acceptor thread starts
+ * inside dshim_bootstrap and reads only the identity, transports and
+ * connections.  "The executor" is the thread that runs the requests one at
+ * a time (the progress thread, or the caller's thread while it executes:
+ * engine.c). */
 struct dshim_comm {
+    /* Identity (bootstrap.c, init; read-only after) */
     int rank, size;
     pid_t owner_pid;               /* a forked child inherits a copy it must not use */
     char prefix[96];               /* store key prefix of this communicator */
-    dshim_store_ref_t *store;
+    dshim_store_ref_t *store;      /* shared with sub-communicators; its own lock guards its counts */
     dshim_peer_info_t *peers;      /* [size] */
-    /* [size], NULL for self and for a peer not connected yet: connections
-     * are made on first use (bootstrap.c), by the executor or the acceptor
-     * thread, and published once with a release store; read them with
-     * dshim_comm_conn */
-    dshim_conn_t **conns;
+    int *job_rank;                 /* NULL in a communicator of dshim_comm_init; in a sub-communicator
+                                    * (dshim_comm_create_child: hosts, leaders, splits) each member's
+                                    * rank there, so that messages name processes as the job does */
+    int nlocal;                    /* ranks on this host, including me */
+    uint64_t hello_hash;           /* token + prefix hash every handshake carries */
+
+    /* Transports (bootstrap.c, init; read-only after, but for the waiter,
+     * which only the executor arms and sleeps on: xfer.c) */
     /* per registry entry: its per-communicator state (NULL when not set up
      * or unavailable) */
     void *transport_state[DSHIM_TRANSPORT_MAX];
@@ -90,18 +105,22 @@ struct dshim_comm {
     char transport_desc[48];       /* "shm+tcp", "tcp", "self": the names of transports_used */
     unsigned transports_allowed;   /* DSHIM_TRANSPORT's registry entries (bit i = entry i) */
     int transport_named;           /* DSHIM_TRANSPORT named one transport (not auto) */
-    int reserve_warned;            /* the acceptor warned of a pair sent to the fallback transport */
-    uint64_t hello_hash;           /* token + prefix hash every handshake carries */
+    dshim_waiter_t waiter;         /* what the engine sleeps on (transports with a wake-up of their own) */
 
-    /* connections on first use (bootstrap.c): the data listener stays open
-     * for the communicator's life and a thread of its own answers peers'
-     * handshakes, whatever the rank is doing meanwhile */
+    /* Connections on first use (bootstrap.c, by the executor and the
+     * acceptor thread): the data listener stays open for the communicator's
+     * life and a thread of its own answers peers' handshakes, whatever the
+     * rank is doing meanwhile.  conn_state and the publication of conns
+     * under conn_lock; the rest as marked. */
+    /* [size], NULL for self and for a peer not connected yet, published
+     * once with a release store; read them with dshim_comm_conn */
+    dshim_conn_t **conns;
     int listen_fd;                 /* -1 when size == 1 */
     int acceptor_wake;             /* eventfd: stops the acceptor */
     int conn_event;                /* eventfd: the acceptor published a connection */
     struct dshim_pending_conn *pending; /* [size]: handshakes this rank began (executor only) */
     int npending;                  /* how many of them are under way (executor only) */
-    int acceptor_started;
+    int acceptor_started;          /* init and destroy only */
     pthread_t acceptor;
     /* the acceptor ran out of descriptors (EMFILE): set once, with its
      * line, for the executor to fail the communicator (xfer.c's wait; the
@@ -111,70 +130,80 @@ struct dshim_comm {
     char acceptor_errmsg[512];     /* written before acceptor_failed (release) */
     pthread_mutex_t conn_lock;     /* conn_state, and publishing conns */
     unsigned char *conn_state;     /* [size]: DSHIM_CONN_NONE, CONNECTING or READY */
-    int nconnects;                 /* connections made so far (both directions) */
-    dshim_waiter_t waiter;         /* what the engine sleeps on (transports with a wake-up of their own) */
-    int nlocal;                    /* ranks on this host, including me */
-    const dshim_reduce_ops_t *reduce;
+    int nconnects;                 /* connections made so far (both directions; atomic) */
+    int reserve_warned;            /* a pair was sent to the fallback transport (warned once) */
 
-    /* configuration snapshot */
+    /* Configuration snapshot (engine.c dshim_engine_init, init; read-only
+     * after, but timeout_s, which dshim_comm_set_timeout (comm.c) may set
+     * before operations are issued) */
     size_t chunk_bytes, small_msg_bytes;
     double timeout_s;
     long spin_us;
     int spin_yields;               /* more ranks than cores on this host: every poll of a spin yields */
     int check_sig;
     int algo;                      /* DSHIM_ALGO_* */
+    const dshim_reduce_ops_t *reduce;
 
-    /* engine: requests run one at a time in issue order */
-    pthread_mutex_t lock;
+    /* Engine (engine.c): requests run one at a time in issue order.  The
+     * queue and its flags under lock; the rest by the executor only */
+    pthread_mutex_t lock;          /* also guards the failure (below) */
     pthread_cond_t cond;
     dshim_request_t *q_head, *q_tail;
     int busy;                      /* someone is executing a request */
     int stop;
     int thread_started;
     pthread_t thread;
-    uint64_t next_seq;             /* assigned at issue time */
-    uint64_t split_seq;
-    uint64_t *p2p_tx, *p2p_rx;     /* [size] point-to-point message numbers */
+    uint64_t next_seq;             /* the next collective's number, in execution (= issue) order (also
+                                    * coll_hier.c's steps on local/leaders, from the parent's executor) */
+    uint64_t *p2p_tx, *p2p_rx;     /* [size] point-to-point message numbers (allocated at init) */
+    uint64_t trace_op;             /* the collective being executed (also coll_hier.c's steps) */
+    /* counters (atomic adds: engine.c, and dshim_comm_count_moved from the
+     * gate's and the single copy's algorithms;
+     * dshim_comm_stats reads them with atomic loads from any thread) */
+    dshim_stats_t stats;
 
-    /* sticky error: once set every operation fails with it */
+    /* The communicator's life (comm.c) */
+    /* sticky error: once set every operation fails with it.  Written once
+     * by dshim_comm_fail under lock, error last (release); any thread reads
+     * error with an acquire load, and errmsg and missing after it */
     dshim_status_t error;
     char errmsg[768];
     /* the ranks that did not arrive at the collective the sticky error
-     * failed (wait.h's verdict, set with the error under lock; NULL when it
-     * named none): dshim_comm_get_missing */
+     * failed (wait.h's verdict; NULL when it named none):
+     * dshim_comm_get_missing */
     struct dshim_missing *missing;
-    int *wait_ranks;               /* [size]: the wait rule's list of ranks not arrived (executor only) */
-
-    /* scratch for algorithms (grown on demand, executor thread only) */
-    void *scratch;
-    size_t scratch_len;
-
-    dshim_stats_t stats;
-
-    /* flight recorder (shim/trace): this communicator's ring, NULL when off */
+    uint64_t split_seq;            /* splits so far (dshim_comm_split, the owner's thread) */
+    /* flight recorder (shim/trace): this communicator's ring, NULL when
+     * off; opened at init (dshim_comm_trace_open), closed by destroy; any
+     * thread records into it */
     dshim_trace_ring_t *trace;
-    uint64_t trace_op;             /* the collective being executed (executor only) */
 
-    /* the host gate (host_gate.h): the barrier and small allreduces of
-     * ranks that all share a host, through a counter in shared memory */
-    int gate_transport;            /* registry entry whose host area holds it; -1: no gate */
+    /* Executor's scratch (executor only) */
+    void *scratch;                 /* grown on demand by dshim_comm_scratch (comm.c) */
+    size_t scratch_len;
+    int *wait_ranks;               /* [size]: the wait rule's list of ranks not arrived (wait.h;
+                                    * allocated at init) */
+
+    /* The host gate (host_gate.c, its mechanism; host_gate.h): the barrier and small
+     * allreduces of ranks that all share a host, through a counter in shared
+     * memory */
+    int gate_transport;            /* registry entry whose host area holds it; -1: no gate (init) */
     void *gate;                    /* that host area, mapped on first use (atomic: dshim_comm_fail reads it) */
     uint64_t gate_episode;         /* calls through it so far (executor only) */
-    int gate_probe_next;           /* the next rank an idle probe looks at (atomic; hook_api.c) */
+    int gate_probe_next;           /* the next rank an idle probe looks at (atomic; written by hook_api.c) */
 
-    /* single copies (coll_single_copy.c): every rank on this host, with a
-     * transport that can read and write the others' memory */
-    int single_copy_transport;     /* its registry entry; -1: none */
+    /* Single copies (coll_single_copy.c: dshim_single_copy_plan at init,
+     * then the executor only): every rank on this host, with a transport
+     * that can read and write the others' memory */
+    int single_copy_transport;     /* its registry entry; -1: none (decided at init) */
     int single_copy;               /* DSHIM_SINGLE_COPY_*: probed by the first call, the same on every rank */
     struct dshim_single_copy_gate *single_copy_gate; /* made by the first call; outlives the communicator */
 
-    /* hierarchy (only when ranks span several hosts and some host has
-     * several): the ranks of my host, and the first rank of every host */
+    /* Hierarchy (topo.c, init; read-only after): only when ranks span
+     * several hosts and some host has several, the ranks of my host, and
+     * the first rank of every host */
     struct dshim_comm *local;      /* NULL when there is no hierarchy */
     struct dshim_comm *leaders;    /* non-NULL on the first rank of each host */
-    int *job_rank;                 /* NULL in a communicator of dshim_comm_init; in a sub-communicator
-                                    * (dshim_comm_create_child: hosts, leaders, splits) each member's
-                                    * rank there, so that messages name processes as the job does */
     int nhosts;
     int barrier_hier;              /* the barrier runs on local and leaders (coll.h dshim_barrier_hier) */
 };

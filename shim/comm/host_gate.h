@@ -13,6 +13,10 @@
  * allreduces split the reduction: each rank reduces its 1/N, one more
  * round per piece ("The split gate").
  *
+ * This file's functions are the mechanism (host_gate.c); the barrier and
+ * allreduces that run through it are algorithms like the others, in
+ * coll_gate.c and declared in coll.h.
+ *
  * The memory is a host-local transport's host area (transport.h), rank 0's;
  * in it (docs/wire-protocol.md section 4 has the offsets):
  *   line 0      arrivals: every rank adds 1 per call (episode e, a rank's
@@ -42,23 +46,45 @@ void dshim_host_gate_plan(dshim_comm_t *comm);
  * that all of them published, when DSHIM_SHM_GATE allows a gate; else -1.
  * Also what decides the hierarchy's barrier (topo.c), host by host. */
 int dshim_host_gate_transport(const dshim_comm_t *comm, const unsigned char *include);
-/* The barrier through the gate (comm->gate_transport >= 0), with the
- * communicator's waiting policy, timeout and stall warnings, and an error
- * naming the rank when one that has not arrived exits or fails. */
-dshim_status_t dshim_host_gate_barrier(dshim_comm_t *comm, const dshim_coll_sig_t *sig);
-/* An allreduce through the gate (count elements of at most
- * DSHIM_HOST_AREA_DATA bytes): every rank copies its data into its slot and
- * arrives, the last one reduces the slots in rank order into the result,
- * and every rank copies the result out. */
-dshim_status_t dshim_host_gate_allreduce(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
-                                         void *rbuf, size_t count);
-/* The same with the reduction split, for any count: every rank copies its
- * data in and arrives; then each reduces its 1/N of the elements over the N
- * blocks into the result and arrives again; then every rank copies the
- * result out.  In pieces, two in flight: pieces + 1 rounds, and N ranks
- * reduce at once. */
-dshim_status_t dshim_host_gate_allreduce_split(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
-                                               void *rbuf, size_t count);
+/* The gate's mechanism, for the algorithms that run through it
+ * (coll_gate.c: dshim_barrier_gate, dshim_allreduce_gate,
+ * dshim_allreduce_gate_split).  One call through the gate is an episode:
+ * every rank arrives (dshim_host_gate_arrive), the last one to arrive
+ * (*last set) does the episode's shared work and opens it
+ * (dshim_host_gate_open), the others wait for the open
+ * (dshim_host_gate_wait_open); then every rank checks the calls
+ * (dshim_host_gate_check_calls).
+ *
+ * The gate's memory (comm->gate_transport >= 0): rank 0's host area,
+ * mapped on first use; a failure fails the collective. */
+dshim_status_t dshim_host_gate_area(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void **area_p);
+/* Rank r's data block (r < size), or the result's (r = size):
+ * DSHIM_HOST_AREA_DATA bytes each, after the lines. */
+static inline unsigned char *dshim_host_gate_data(void *area, int size, int r)
+{
+    return (unsigned char *)area + (size_t)(2 + size) * DSHIM_HOST_AREA_LINE + (size_t)r * DSHIM_HOST_AREA_DATA;
+}
+/* This rank's call into its slot, then its arrival at the next episode
+ * (its data, if any, already in its block): returns the episode, *last set
+ * when this arrival completed it. */
+uint64_t dshim_host_gate_arrive(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, int *last);
+/* The same for a further episode of the same call (its slot already holds
+ * the call): the split allreduce's later pieces. */
+uint64_t dshim_host_gate_arrive_again(dshim_comm_t *comm, void *area, int *last);
+/* The last arrival's check of the calls: 1 + a rank whose call differs
+ * from rank 0's, or 0. */
+int32_t dshim_host_gate_first_differing(dshim_comm_t *comm, void *area);
+/* Opens the episode (the last arrival, after its work), recording
+ * `differs` (dshim_host_gate_first_differing) for the others' check. */
+void dshim_host_gate_open(void *area, uint64_t episode, int32_t differs);
+/* Waits until the episode opens, with the communicator's waiting policy,
+ * timeout and stall warnings (wait.h), and an error naming the rank when
+ * one that has not arrived exits or fails the communicator. */
+dshim_status_t dshim_host_gate_wait_open(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *area,
+                                         uint64_t episode);
+/* After the open: when the last arrival found calls that differ, the
+ * mismatch error (this rank's call against one that differs from it). */
+dshim_status_t dshim_host_gate_check_calls(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *area);
 /* For the signature check against ranks that send no message: a rank other
  * than this one that arrived at the gate with collective number seq (its
  * call in *theirs), or -1.  dshim_xfer asks before it sleeps in a

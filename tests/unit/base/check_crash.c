@@ -1,4 +1,4 @@
-/* Tests for shim/base/crash.c: each test forks a child that installs the crash
+/* Tests for base/crash.c: each test forks a child that installs the crash
  * handler and crashes; the parent reads the child's stderr through a pipe and
  * checks the report and that the child died of the original signal. */
 #include <check.h>
