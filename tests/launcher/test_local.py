@@ -691,7 +691,7 @@ def test_bad_input_master_port_in_use(run, workdir, write_script, no_leftovers, 
 # ---- 8. --print-config and --help -------------------------------------------
 
 def params_def():
-    text = (REPO / "shim" / "base" / "params.def").read_text()
+    text = (REPO / "base" / "params.def").read_text()
     pat = re.compile(r'^DSHIM_(?:PARAM|FOREIGN)\(\s*\w+\s*,\s*\w+\s*,\s*"([^"]+)"\s*,\s*"((?:[^"\\]|\\.)*)"', re.M)
     return [(name, default) for name, default in pat.findall(text) if name.startswith("DSHIM_")]
 
