@@ -10,7 +10,7 @@
  * Each record's bytes are written to that client's socket and the server
  * reads and answers what it can; at the end every client closes, parked
  * GETs time out, and everything is freed (leaks are reported by LSan).
- * The poll loop and accept (server_main, accept_all) are not run: they move
+ * The poll loop and accept (dshim_store_server_main, accept_all) are not run: they move
  * bytes, they do not parse them.
  */
 #include "store_server.c"
@@ -40,11 +40,11 @@ static dshim_store_server_t *fuzz_server_new(void)
 static void fuzz_server_free(dshim_store_server_t *srv)
 {
     for (size_t i = 0; i < srv->nconns; i++) {
-        conn_free(srv->conns[i]);
+        dshim_store_conn_free(srv->conns[i]);
     }
     free(srv->conns);
     free(srv->pfds);
-    kv_free_all(srv);
+    dshim_store_kv_free_all(srv);
     free(srv->token);
     free(srv);
 }
