@@ -259,10 +259,13 @@ static dshim_status_t wait_slow(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
             return comm->error;
         }
         /* a rank that exited first: when its death made another rank fail
-         * the communicator, the death is the news */
+         * the communicator, the death is the news; but a rank that failed
+         * the gate itself (an abort, its own error) and then exited is
+         * news as the failure it reported, whichever this rank sees first */
         int gone = -1;
         int n = missing_ranks(comm, area, episode, comm->wait_ranks, &gone);
-        if (gone >= 0) {
+        int failed = __atomic_load_n(&door->failed, __ATOMIC_ACQUIRE);
+        if (gone >= 0 && failed - 1 != gone) {
             return dshim_wait_fail_gone(comm, &w, gone, comm->wait_ranks, n);
         }
         if (n == 0 && (gone = any_rank_gone(comm)) >= 0) {
@@ -274,7 +277,6 @@ static dshim_status_t wait_slow(dshim_comm_t *comm, const dshim_coll_sig_t *sig,
                               "completed it for the others", who);
             return dshim_xfer_fail(comm, sig, DSHIM_ERR_PEER);
         }
-        int failed = __atomic_load_n(&door->failed, __ATOMIC_ACQUIRE);
         if (failed > 0 && failed - 1 != comm->rank) {
             char who[160];
             dshim_comm_describe_peer(comm, failed - 1, who, sizeof(who));

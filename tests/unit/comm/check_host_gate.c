@@ -17,8 +17,8 @@
  *    or late shows as a wrong sum or a hang), and the episodes around the
  *    32-bit wrap of the door's word (the gate set up to stand just before
  *    it: its counter and door words are those of host_gate.h's layout);
- *  - a rank that exits before arriving: the others fail within a second or
- *    two, naming it, and the verdict (dshim_comm_get_missing) holds it;
+ *  - a rank that exits before arriving: the others fail within seconds,
+ *    naming it, and the verdict (dshim_comm_get_missing) holds it;
  *  - a rank that never arrives: the others time out after DSHIM_TIMEOUT
  *    naming it, as text and as data;
  *  - which settings send calls through the gate: DSHIM_ALGO=gate up to a
@@ -434,9 +434,11 @@ static int body_absent(int rank, int size, int port, void *arg)
         FAIL("the error does not say '%s' and '%s'", who, why);
     }
     /* bounded: a death is seen at the next look (every 50 ms); a timeout
-     * after DSHIM_TIMEOUT */
+     * after DSHIM_TIMEOUT, never before it.  The upper bounds leave room for
+     * a loaded machine (make test runs this beside other tests, and under
+     * the sanitizers): they tell "bounded" from "hung", not fast from slow */
     double lo = a->exits ? a->after - 0.5 : ABSENT_TIMEOUT_S - 0.1;
-    double hi = a->exits ? a->after + 2.0 : ABSENT_TIMEOUT_S + 0.9;
+    double hi = a->exits ? a->after + 5.0 : ABSENT_TIMEOUT_S + 3.0;
     if (took < lo || took > hi) {
         FAIL("gave up after %.2f s, wanted %.1f..%.1f", took, lo, hi);
     }

@@ -394,7 +394,9 @@ static int body_silent(int rank, int size, int port, void *arg)
     if (st != DSHIM_ERR_TIMEOUT) {
         FAIL("the step returned %d, not DSHIM_ERR_TIMEOUT", (int)st);
     }
-    if (took < SILENT_TIMEOUT_S - 0.1 || took > SILENT_TIMEOUT_S + 0.9) {
+    /* never before the timeout; the upper bound tells "bounded" from "hung"
+     * on a loaded machine (make test, the sanitizers), not fast from slow */
+    if (took < SILENT_TIMEOUT_S - 0.1 || took > SILENT_TIMEOUT_S + 3.0) {
         FAIL("gave up after %.2f s with DSHIM_TIMEOUT=%g", took, SILENT_TIMEOUT_S);
     }
     char want[64];
