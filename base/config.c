@@ -503,6 +503,28 @@ DSHIM_EXPORT void dshim_print_config(void *file)
     dshim_config_print(file ? (FILE *)file : stdout, 0);
 }
 
+static void format_field(const param_row_t *r, const dshim_config_t *cfg, char *buf, size_t len)
+{
+    const void *field = (const char *)cfg + r->offset;
+    switch (r->type) {
+    case DSHIM_PTYPE_STR: snprintf(buf, len, "%s", *(char *const *)field); break;
+    case DSHIM_PTYPE_INT: snprintf(buf, len, "%ld", *(const long *)field); break;
+    case DSHIM_PTYPE_SIZE: snprintf(buf, len, "%zu", *(const size_t *)field); break;
+    case DSHIM_PTYPE_BOOL: snprintf(buf, len, "%d", *(const int *)field); break;
+    case DSHIM_PTYPE_DOUBLE: snprintf(buf, len, "%g", *(const double *)field); break;
+    }
+}
+
+static const param_row_t *find_row(const char *name)
+{
+    for (size_t i = 0; i < NROWS; i++) {
+        if (strcmp(rows[i].env, name) == 0) {
+            return &rows[i];
+        }
+    }
+    return NULL;
+}
+
 DSHIM_EXPORT int dshim_config_get(const char *name, char *buf, size_t len)
 {
     if (name == NULL || buf == NULL) {
@@ -510,20 +532,53 @@ DSHIM_EXPORT int dshim_config_get(const char *name, char *buf, size_t len)
         dshim_error_quiet(DSHIM_ERR_INVALID, "dshim_config_get: %s is NULL", name == NULL ? "name" : "buf");
         return -1;
     }
-    const dshim_config_t *cfg = dshim_config();
-    for (size_t i = 0; i < NROWS; i++) {
-        if (strcmp(rows[i].env, name) != 0) {
-            continue;
-        }
-        const void *field = (const char *)cfg + rows[i].offset;
-        switch (rows[i].type) {
-        case DSHIM_PTYPE_STR: snprintf(buf, len, "%s", *(char *const *)field); break;
-        case DSHIM_PTYPE_INT: snprintf(buf, len, "%ld", *(const long *)field); break;
-        case DSHIM_PTYPE_SIZE: snprintf(buf, len, "%zu", *(const size_t *)field); break;
-        case DSHIM_PTYPE_BOOL: snprintf(buf, len, "%d", *(const int *)field); break;
-        case DSHIM_PTYPE_DOUBLE: snprintf(buf, len, "%g", *(const double *)field); break;
-        }
-        return 0;
+    const param_row_t *r = find_row(name);
+    if (r == NULL) {
+        return -1;
     }
-    return -1;
+    format_field(r, dshim_config(), buf, len);
+    return 0;
+}
+
+/* One row parsed from the environment as it is now, by the table's rules (a
+ * bad value: the default, as the table loads it), into a scratch copy: the
+ * process's table stays as it was loaded. */
+DSHIM_EXPORT int dshim_config_get_current(const char *name, char *buf, size_t len)
+{
+    if (name == NULL || buf == NULL) {
+        dshim_error_quiet(DSHIM_ERR_INVALID, "dshim_config_get_current: %s is NULL", name == NULL ? "name" : "buf");
+        return -1;
+    }
+    const param_row_t *r = find_row(name);
+    if (r == NULL) {
+        return -1;
+    }
+    static dshim_config_t zero;
+    dshim_config_t *scratch = malloc(sizeof(*scratch));
+    if (scratch == NULL) {
+        dshim_error_quiet(DSHIM_ERR_NOMEM, "dshim_config_get_current: out of memory");
+        return -1;
+    }
+    *scratch = zero;
+    char **str = r->type == DSHIM_PTYPE_STR ? (char **)((char *)scratch + r->offset) : NULL;
+    const char *val = getenv(r->env);
+    char msg[512];
+    int from_env = val != NULL && !(val[0] == '\0' && empty_means_unset(r));
+    if (!from_env || parse_checked(r, val, scratch, msg, sizeof(msg)) != DSHIM_OK) {
+        if (str) {
+            free(*str);
+            *str = NULL;
+        }
+        if (parse_value(r, r->def, scratch) != DSHIM_OK) {
+            free(scratch);
+            dshim_error_quiet(DSHIM_ERR_NOMEM, "dshim_config_get_current: out of memory");
+            return -1;
+        }
+    }
+    format_field(r, scratch, buf, len);
+    if (str) {
+        free(*str);
+    }
+    free(scratch);
+    return 0;
 }

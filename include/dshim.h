@@ -301,6 +301,11 @@ DSHIM_EXPORT void dshim_print_config(void *file);
  * Returns 0, or -1 for a name that is not in the table or a NULL name or buf
  * (the value is truncated to len bytes, its end included). */
 DSHIM_EXPORT int dshim_config_get(const char *name, char *buf, size_t len);
+/* The same, read from the environment as it is now rather than as it was
+ * when the table loaded (once per process, often at the first dshim call):
+ * for the settings a framework reads at its own initialization, which a
+ * program may set after dshim loaded (Horovod's HOROVOD_* at hvd.init()). */
+DSHIM_EXPORT int dshim_config_get_current(const char *name, char *buf, size_t len);
 
 /* ---- device buffers of a CUDA program (shim/gpu) ------------------------
  * How a framework binding (the torch backend) stages device tensors through
@@ -337,6 +342,107 @@ DSHIM_EXPORT dshim_status_t dshim_gpu_stream_sync(int device, void *stream);
  * may be NULL only with count 0; comm and scalar never. */
 DSHIM_EXPORT dshim_status_t dshim_scale_mul(dshim_comm_t *comm, void *dst, const void *src, size_t count,
                                             dshim_dtype_t dtype, const void *scalar);
+
+
+/* ---- operations matched by name (Horovod's model; shim/named) -----------
+ * An engine over a communicator takes operations from any thread of each
+ * rank, each under a name, and runs an operation once every rank of the
+ * communicator has submitted one of that name -- whatever the order in
+ * which each rank submitted its names (Horovod's coordinator: gradients of
+ * unused parameters come late, in a different order on every rank).  Ranks
+ * must agree, per name, on kind, dtype, shape (allgather/alltoall: all but
+ * the first dimension), reduction op, scale factors and root; where they do
+ * not, the operation fails on every rank with one message naming the name
+ * and what differs (ranks and values), and the engine goes on.  Names ready
+ * in one negotiation round run in an order every rank computes alike;
+ * allreduces of one dtype, op and scale that are ready together are fused
+ * into one collective (up to the fusion threshold).
+ *
+ * The engine runs on a private communicator split from `comm` at creation
+ * (the caller keeps comm for itself) and a background thread of its own.
+ * A rank that submits nothing still takes part in every negotiation, so an
+ * operation never waits on another rank's application thread; a name some
+ * ranks submitted and others did not is reported (stall warning naming the
+ * missing ranks and the names, then the timeout) as Horovod's stall
+ * inspector does. */
+typedef struct dshim_named dshim_named_t;
+typedef struct dshim_named_op dshim_named_op_t;
+
+typedef enum dshim_named_kind {
+    DSHIM_NAMED_ALLREDUCE = 0,
+    DSHIM_NAMED_ALLGATHER,      /* first dimensions may differ between ranks */
+    DSHIM_NAMED_BROADCAST,
+    DSHIM_NAMED_ALLTOALL,       /* rows of the first dimension, splits per destination */
+    DSHIM_NAMED_REDUCESCATTER,  /* first dimension split as Horovod splits it */
+    DSHIM_NAMED_BARRIER,
+    DSHIM_NAMED_JOIN,           /* a joined rank counts as having submitted every allreduce (zeros) */
+    DSHIM_NAMED_KIND_COUNT
+} dshim_named_kind_t;
+
+#define DSHIM_NAMED_MAX_DIMS 16
+
+typedef struct dshim_named_desc {
+    dshim_named_kind_t kind;
+    const char *name;          /* not NULL; unique among this rank's pending operations of the engine */
+    dshim_dtype_t dtype;       /* all kinds but barrier and join */
+    int ndim;                  /* 0..DSHIM_NAMED_MAX_DIMS (0: a scalar) */
+    const int64_t *shape;      /* ndim entries (may be NULL when ndim is 0) */
+    const void *sendbuf;       /* the input (allreduce, allgather, alltoall, reducescatter), contiguous */
+    void *recvbuf;             /* allreduce: the output (may equal sendbuf); broadcast: the tensor,
+                                * sent at root and overwritten elsewhere; other kinds: NULL (the
+                                * engine allocates the result: dshim_named_result) */
+    dshim_redop_t op;          /* allreduce, reducescatter (DSHIM_AVG: the sum divided by the size) */
+    double prescale;           /* allreduce, reducescatter: input multiplied by it first (1.0: none) */
+    double postscale;          /* and the result by it (1.0: none) */
+    int root;                  /* broadcast: a rank of the engine's communicator */
+    const int64_t *splits;     /* alltoall: rows for each rank (size entries), NULL = even split */
+    int device;                /* -1: a host tensor; else the CUDA device of a tensor the caller staged
+                                * through host memory (the buffers are host memory either way); ranks
+                                * must agree on CPU or GPU, as Horovod checks */
+} dshim_named_desc_t;
+
+/* Collective over comm (every rank calls it): an engine over a private copy
+ * of comm.  Tuning from the table (fusion threshold, cycle time, stall
+ * warning/shutdown, timeout); comm's timeout applies to its operations. */
+DSHIM_EXPORT dshim_status_t dshim_named_create(dshim_comm_t *comm, dshim_named_t **eng_p);
+/* Submits one operation (the engine reads *desc and the shape and splits
+ * arrays now; the buffers must stay valid until the operation completes).
+ * DSHIM_ERR_INVALID, with Horovod's message, for a name already pending on
+ * this rank, and for bad arguments; DSHIM_ERR_ABORTED after shutdown. */
+DSHIM_EXPORT dshim_status_t dshim_named_submit(dshim_named_t *eng, const dshim_named_desc_t *desc,
+                                               dshim_named_op_t **op_p);
+/* 1 once the operation completed (successfully or not), else 0; -1 for NULL. */
+DSHIM_EXPORT int dshim_named_poll(dshim_named_op_t *op);
+/* Waits for the operation; its status (DSHIM_ERR_MISMATCH for ranks that
+ * disagreed, DSHIM_ERR_ABORTED after a shutdown, ...); the one-line message
+ * is dshim_named_error(op). */
+DSHIM_EXPORT dshim_status_t dshim_named_wait(dshim_named_op_t *op);
+/* The failed operation's message ("" when it succeeded or is still running). */
+DSHIM_EXPORT const char *dshim_named_error(const dshim_named_op_t *op);
+/* A completed allgather, alltoall or reducescatter: its result, owned by
+ * the operation (valid until dshim_named_op_free): *data and *bytes, *dim0
+ * the result's first dimension (the other dimensions are the input's); for
+ * alltoall the rows received from each rank into recv_splits (cap entries,
+ * may be NULL).  Any of data, bytes, dim0 may be NULL. */
+DSHIM_EXPORT dshim_status_t dshim_named_result(const dshim_named_op_t *op, void **data, size_t *bytes,
+                                               int64_t *dim0, int64_t *recv_splits, int cap);
+/* A completed join: the last rank (of the engine's communicator) to join. */
+DSHIM_EXPORT int dshim_named_join_rank(const dshim_named_op_t *op);
+/* Releases the operation (waits for it first); NULL is ignored. */
+DSHIM_EXPORT void dshim_named_op_free(dshim_named_op_t *op);
+/* Stops the engine on every rank (Horovod's shutdown): the next negotiation
+ * round carries it to the other ranks; every pending and later operation of
+ * every rank fails with DSHIM_ERR_ABORTED and Horovod's shutdown message.
+ * Does not wait; reason may be NULL. */
+DSHIM_EXPORT dshim_status_t dshim_named_shutdown(dshim_named_t *eng, const char *reason);
+/* Shuts down (if not yet), waits for the background thread, frees the
+ * engine and its communicator; NULL is ignored.  Operations not freed yet
+ * stay valid (failed) until dshim_named_op_free. */
+DSHIM_EXPORT dshim_status_t dshim_named_destroy(dshim_named_t *eng);
+/* Timeline (Horovod's HOROVOD_TIMELINE format: a Chrome trace with
+ * NEGOTIATE_<KIND> and <KIND> spans per name): start writing to path (rank
+ * 0 of the engine writes; others record nothing), or stop (path NULL). */
+DSHIM_EXPORT dshim_status_t dshim_named_timeline(dshim_named_t *eng, const char *path, int mark_cycles);
 
 
 /* Flight recorder (docs/observability.md).  Names the framework call behind

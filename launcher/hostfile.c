@@ -1,6 +1,7 @@
 /*
  * Hostfiles as the dmlc tracker reads them: one "host[:port]" per line
- * (port = ssh port), "slots=N" accepted and ignored, '#' starts a comment.
+ * (port = ssh port), "slots=N" kept (--horovod-env places that many ranks on
+ * the host; otherwise it means nothing), '#' starts a comment.
  * Unlike the tracker we refuse anything odd with the file and line named,
  * because a silently skipped host is a job that hangs at rendezvous.
  */
@@ -89,11 +90,15 @@ static void parse_line(const char *path, int lineno, char *line, run_host_t *h)
     char *save = NULL;
     char *tok = strtok_r(line, " \t", &save);
     char *entry = tok;
+    h->slots = -1;
     while ((tok = strtok_r(NULL, " \t", &save)) != NULL) {
         char *end = NULL;
-        if (strncmp(tok, "slots=", 6) != 0 || tok[6] == '\0' || (strtol(tok + 6, &end, 10), *end != '\0')) {
+        long slots = 0;
+        if (strncmp(tok, "slots=", 6) != 0 || tok[6] == '\0' || (slots = strtol(tok + 6, &end, 10), *end != '\0')) {
             run_usage_error("hostfile '%s' line %d: unexpected '%s'; %s", path, lineno, tok, usage_hint);
         }
+        /* checked where it counts (--horovod-env, plan.c); clamped so that it fits an int */
+        h->slots = slots < 0 ? 0 : slots > 1000000 ? 1000000 : (int)slots;
     }
     char *colon = strchr(entry, ':');
     h->port = 0;

@@ -33,6 +33,10 @@ void run_print_usage(void)
         "  --no-python                run the program as is, even a .py file\n"
         "  --legacy-local-rank-arg    pass --local-rank=N to the script (torch.distributed.launch)\n"
         "  --legacy-local-rank-arg-underscore  pass --local_rank=N instead\n"
+        "  --horovod-env              also Horovod's variables for every rank, as horovodrun sets them\n"
+        "                             (HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*/HOSTNAME, HOROVOD_CONTROLLER=gloo);\n"
+        "                             with -H, a host's slots=N is the number of ranks it runs (default\n"
+        "                             --nproc-per-node), ranks filled host by host in order\n"
         "\n"
         "MXNet launch.py style (a scheduler, S servers and N workers; DMLC_* set):\n"
         "  -n, --num-workers N        number of workers\n"
@@ -158,7 +162,7 @@ static void apply(run_opts_t *o, seen_t *seen, const char *name, const char *val
                                              "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend",
                                              "--standalone", "--module", "--no-python",
                                              "--legacy-local-rank-arg", "--legacy-local-rank-arg-underscore",
-                                             NULL};
+                                             "--horovod-env", NULL};
     for (int i = 0; torch_opts[i]; i++) {
         if (strcmp(name, torch_opts[i]) == 0) {
             seen->torch_only = true;
@@ -203,6 +207,8 @@ static void apply(run_opts_t *o, seen_t *seen, const char *name, const char *val
         o->legacy_local_rank_arg = 1;
     } else if (strcmp(name, "--legacy-local-rank-arg-underscore") == 0) {
         o->legacy_local_rank_arg = 2;
+    } else if (strcmp(name, "--horovod-env") == 0) {
+        o->horovod_env = true;
     } else if (strcmp(name, "--num-workers") == 0) {
         o->num_workers = (int)parse_int("-n/--num-workers", val, 1, 65536);
     } else if (strcmp(name, "--num-servers") == 0) {
@@ -261,6 +267,38 @@ static void apply(run_opts_t *o, seen_t *seen, const char *name, const char *val
         exit(0);
     } else {
         run_usage_error("unknown option %s; see dshim-run --help", name);
+    }
+}
+
+/* --horovod-env with -H: each host runs its slots=N ranks (horovodrun writes the counts it
+ * assigned), else --nproc-per-node.  mpirun and srun place the same number on every node. */
+static void validate_horovod_slots(run_opts_t *o)
+{
+    if (!o->hostfile) {
+        return;
+    }
+    int first = -1;
+    bool uneven = false;
+    for (int i = 0; i < o->nnodes && i < o->nhosts; i++) {
+        int slots = o->hosts[i].slots;
+        if (slots == 0 || slots > 4096) {
+            run_usage_error("hostfile '%s': host %s has slots=%d; with --horovod-env a host runs slots=N ranks, "
+                            "N from 1 to 4096 (leave out a host that runs none)", o->hostfile, o->hosts[i].name,
+                            slots);
+        }
+        int n = slots > 0 ? slots : o->nproc_per_node;
+        uneven |= first >= 0 && n != first;
+        if (first < 0) {
+            first = n;
+        }
+    }
+    if (uneven && (o->launcher == RUN_LAUNCHER_MPI || o->launcher == RUN_LAUNCHER_SLURM)) {
+        run_usage_error("hostfile '%s' gives the hosts different slots=N: --launcher %s places the same number "
+                        "of ranks on every node; use the ssh launcher (the default with -H)", o->hostfile,
+                        o->launcher == RUN_LAUNCHER_MPI ? "mpi" : "slurm");
+    }
+    if (!uneven && first > 0) {
+        o->nproc_per_node = first;
     }
 }
 
@@ -352,6 +390,9 @@ static void validate(run_opts_t *o, const seen_t *seen)
     }
     if (o->nnodes < 0) {
         o->nnodes = 1;
+    }
+    if (o->horovod_env) {
+        validate_horovod_slots(o);
     }
     if (o->node_rank >= 0 && o->node_rank >= o->nnodes) {
         run_usage_error("--node-rank %d must be below --nnodes %d (node ranks count from 0)", o->node_rank,

@@ -354,12 +354,24 @@ static run_agent_kind_t kind_for_host(const run_opts_t *o, int host)
 static void torch_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, const run_strv_t *argv0,
                         int legacy_at, bool per_node_mode, int attempt)
 {
-    int nproc = o->nproc_per_node;
-    int world = o->nnodes * nproc;
+    int nproc = 0;  /* the most ranks a node runs */
+    int world = 0;
+    bool uneven = false;  /* --horovod-env with hosts of different slots=N */
+    for (int node = 0; node < o->nnodes; node++) {
+        int n = run_node_procs(o, node);
+        world += n;
+        uneven |= n != run_node_procs(o, 0);
+        nproc = n > nproc ? n : nproc;
+    }
     run_strv_setenv(common, "WORLD_SIZE", "%d", world);
     run_strv_setenv(common, "GROUP_WORLD_SIZE", "%d", o->nnodes);
     run_strv_setenv(common, "ROLE_WORLD_SIZE", "%d", world);
-    run_strv_setenv(common, "LOCAL_WORLD_SIZE", "%d", nproc);
+    if (!uneven) {
+        run_strv_setenv(common, "LOCAL_WORLD_SIZE", "%d", nproc);
+    }
+    if (o->horovod_env) {
+        run_horovod_common_env(common);
+    }
     run_strv_setenv(common, "ROLE_NAME", "default");
     run_strv_setenv(common, "TORCHELASTIC_RESTART_COUNT", "%d", attempt);
     run_strv_setenv(common, "TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
@@ -381,11 +393,16 @@ static void torch_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, con
     int node_lo = per_node_mode ? o->node_rank : 0;
     int node_hi = per_node_mode ? o->node_rank + 1 : o->nnodes;
     int cap = 0;
+    int node_first_rank = 0;
+    for (int node = 0; node < node_lo; node++) {
+        node_first_rank += run_node_procs(o, node);
+    }
     for (int node = node_lo; node < node_hi; node++) {
         int host = (o->launcher == RUN_LAUNCHER_SSH) ? node : -1;
         int first = plan->nprocs;
-        for (int l = 0; l < nproc; l++) {
-            int rank = node * nproc + l;
+        int node_procs = run_node_procs(o, node);
+        for (int l = 0; l < node_procs; l++) {
+            int rank = node_first_rank + l;
             char name[32], file[32];
             snprintf(name, sizeof(name), "rank %d", rank);
             snprintf(file, sizeof(file), "rank%d", rank);
@@ -395,6 +412,12 @@ static void torch_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, con
             run_strv_setenv(&env, "LOCAL_RANK", "%d", l);
             run_strv_setenv(&env, "GROUP_RANK", "%d", node);
             run_strv_setenv(&env, "ROLE_RANK", "%d", rank);
+            if (uneven) {
+                run_strv_setenv(&env, "LOCAL_WORLD_SIZE", "%d", node_procs);
+            }
+            if (o->horovod_env) {
+                run_horovod_rank_env(o, node, l, rank, world, &env);
+            }
             /* torch's @record writes a failing rank's exception here; the agent makes the directory */
             run_strv_setenv(&env, "TORCHELASTIC_ERROR_FILE", "%s/attempt_%d/%d/error.json", plan->jobdir,
                             attempt, rank);
@@ -408,8 +431,9 @@ static void torch_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, con
             set_proc_vectors(p, &env, &argv);
         }
         if (o->launcher == RUN_LAUNCHER_LOCAL || o->launcher == RUN_LAUNCHER_SSH) {
-            add_group(plan, kind_for_host(o, host), host, first, nproc, 1, nproc);
+            add_group(plan, kind_for_host(o, host), host, first, node_procs, 1, node_procs);
         }
+        node_first_rank += node_procs;
     }
     if (o->launcher == RUN_LAUNCHER_MPI || o->launcher == RUN_LAUNCHER_SLURM) {
         add_group(plan, o->launcher == RUN_LAUNCHER_MPI ? RUN_AGENT_MPI : RUN_AGENT_SLURM, -1, 0, plan->nprocs,
@@ -675,6 +699,9 @@ static void torch_master(const run_opts_t *o, bool per_node_mode, const char *he
         master_local = true;
     }
     int mport = o->master_port < 0 ? 29500 : o->master_port;
+    if (o->master_port < 0 && o->horovod_env && master_local) {
+        mport = 0;  /* Horovod's ranks do not use torch's store address: any free port, no clash between jobs */
+    }
     bool checks_here = master_local && (!per_node_mode || o->node_rank == 0);
     if (mport == 0) {
         if (!master_local) {
@@ -752,7 +779,8 @@ void run_print_plan(const run_opts_t *o, const run_plan_t *plan)
     printf("cwd: %s\n", plan->cwd);
     printf("job environment:\n");
     static const char *const shown_prefixes[] = {"DSHIM_", "MASTER_", "WORLD_SIZE", "GROUP_", "ROLE_", "LOCAL_",
-                                                 "TORCH", "OMP_NUM_THREADS", "DMLC_", "LD_PRELOAD", NULL};
+                                                 "TORCH", "OMP_NUM_THREADS", "DMLC_", "LD_PRELOAD", "HOROVOD_",
+                                                 NULL};
     for (int i = 0; i < plan->nenv; i++) {
         for (int k = 0; shown_prefixes[k]; k++) {
             if (strncmp(plan->env[i], shown_prefixes[k], strlen(shown_prefixes[k])) == 0) {

@@ -26,6 +26,7 @@ typedef struct {
     char *name;  /* as written in the hostfile */
     int port;    /* ssh port; 0 = ssh's default */
     bool local;  /* one of this machine's addresses: started without ssh */
+    int slots;   /* the line's slots=N (a negative N reads 0); -1 = not given */
 } run_host_t;
 
 typedef struct {
@@ -55,6 +56,7 @@ typedef struct {
     bool dry_run;
     char *log_dir;
     char *timeline;      /* --timeline FILE (timeline.c) */
+    bool horovod_env;    /* --horovod-env: HOROVOD_* for every rank, slots=N ranks per host (plan.c) */
     char **cmd;  /* the user's program and arguments (points into argv) */
     int ncmd;
     run_host_t *hosts;
@@ -149,6 +151,11 @@ bool run_host_name_ok(const char *name);
 void run_build_plan(run_opts_t *opts, run_plan_t *plan, int attempt);
 void run_print_plan(const run_opts_t *opts, const run_plan_t *plan);
 void run_free_plan(run_plan_t *plan);
+/* horovod_env.c: the ranks a node runs (a host's slots=N under --horovod-env, else
+ * --nproc-per-node), and Horovod's variables (as horovodrun's gloo launcher sets them) */
+int run_node_procs(const run_opts_t *opts, int node);
+void run_horovod_common_env(run_strv_t *common);
+void run_horovod_rank_env(const run_opts_t *opts, int node, int local_rank, int rank, int world, run_strv_t *env);
 /* dshim-run's own absolute path, and the libdshim.so installed (or built) with it; both exit 2 when missing. */
 char *run_self_exe(void);
 char *run_find_libdshim(const char *exe);

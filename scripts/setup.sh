@@ -55,13 +55,16 @@ if ! venv_ok; then
 fi
 # The torch.distributed backend "dshim", editable from this checkout (pyproject.toml; the Python files
 # only, DSHIM_PYTHON_ONLY: the library is this checkout's build/lib/libdshim.so).  Reinstalled when .venv
-# holds another checkout's or an older (setuptools, python/) install.
+# holds another checkout's or an older (setuptools, python/) install, or one from before horovodrun and
+# dshim-horovod.pth (the finder that answers `import horovod`, docs/horovod.md).
 editable_ok() {
     .venv/bin/python - "$PWD" <<'PYEOF' 2>/dev/null
-import importlib.metadata as md, json, sys
+import importlib.metadata as md, json, os, sys, sysconfig
 d = md.distribution("dshim")
 url = json.loads(d.read_text("direct_url.json") or "{}")
 assert url.get("dir_info", {}).get("editable") and url.get("url") == "file://" + sys.argv[1], url
+assert any(ep.name == "horovodrun" for ep in d.entry_points)
+assert os.path.exists(os.path.join(sysconfig.get_paths()["purelib"], "dshim-horovod.pth"))
 PYEOF
 }
 if ! editable_ok; then
@@ -84,6 +87,12 @@ fi
 if ! .venv/bin/python -c 'import expecttest' >/dev/null 2>&1; then
     echo "setup: installing expecttest into .venv (torch's test modules import it)"
     .venv/bin/pip install -q --disable-pip-version-check expecttest
+fi
+# Horovod's own test helper (tests/horovod/upstream/test/utils/common.py) imports cloudpickle and mock;
+# horovod.run() ships the function to its ranks with cloudpickle, as Horovod does.
+if ! .venv/bin/python -c 'import cloudpickle, mock' >/dev/null 2>&1; then
+    echo "setup: installing cloudpickle and mock into .venv (horovod.run, Horovod's test helpers)"
+    .venv/bin/pip install -q --disable-pip-version-check cloudpickle mock
 fi
 # .venv-mxnet: MXNet 1.9.1 from PyPI for tests/mxnet (the dist kvstore over dshim's parameter
 # server).  MXNet 1.9 predates Python 3.11 and uses numpy's removed aliases (np.bool): Python 3.10

@@ -26,6 +26,7 @@ INPROGRESS = 1
 ERR_INVALID = -1
 ERR_TIMEOUT = -4
 ERR_PEER = -5
+ERR_MISMATCH = -6
 ERR_ABORTED = -8
 ERR_UNSUPPORTED = -9
 
@@ -39,6 +40,31 @@ class CommArgs(ctypes.Structure):
         ("store_port", ctypes.c_int),
         ("token", ctypes.c_char_p),
         ("store_external", ctypes.c_int),
+    ]
+
+
+# dshim_named_kind_t: operations matched by name (shim/named; python/dshim/_named.py)
+NAMED_ALLREDUCE, NAMED_ALLGATHER, NAMED_BROADCAST, NAMED_ALLTOALL, NAMED_REDUCESCATTER, NAMED_BARRIER, \
+    NAMED_JOIN = range(7)
+NAMED_MAX_DIMS = 16
+
+
+class NamedDesc(ctypes.Structure):
+    """dshim_named_desc_t"""
+    _fields_ = [
+        ("kind", ctypes.c_int),
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("sendbuf", ctypes.c_void_p),
+        ("recvbuf", ctypes.c_void_p),
+        ("op", ctypes.c_int),
+        ("prescale", ctypes.c_double),
+        ("postscale", ctypes.c_double),
+        ("root", ctypes.c_int),
+        ("splits", ctypes.POINTER(ctypes.c_int64)),
+        ("device", ctypes.c_int),
     ]
 
 
@@ -123,6 +149,22 @@ _PROTOS = {
     # flight recorder: names the framework call behind this thread's next submission (process_group.py
     # passes pre-encoded bytes; None clears); ~0.15 us a call
     "dshim_trace_label": (None, [ctypes.c_char_p]),
+    # operations matched by name (Horovod's model): python/dshim/_named.py
+    "dshim_named_create": (_int, [_vp, ctypes.POINTER(ctypes.c_void_p)]),
+    "dshim_named_submit": (_int, [_vp, ctypes.POINTER(NamedDesc), ctypes.POINTER(ctypes.c_void_p)]),
+    "dshim_named_poll": (_int, [_vp]),
+    "dshim_named_wait": (_int, [_vp]),
+    "dshim_named_error": (ctypes.c_char_p, [_vp]),
+    "dshim_named_result": (_int, [_vp, ctypes.POINTER(ctypes.c_void_p), _szp, ctypes.POINTER(ctypes.c_int64),
+                                  ctypes.POINTER(ctypes.c_int64), _int]),
+    "dshim_named_join_rank": (_int, [_vp]),
+    "dshim_named_op_free": (None, [_vp]),
+    "dshim_named_shutdown": (_int, [_vp, ctypes.c_char_p]),
+    "dshim_named_destroy": (_int, [_vp]),
+    "dshim_named_timeline": (_int, [_vp, ctypes.c_char_p, _int]),
+    "dshim_comm_split": (_int, [_vp, _int, _int, ctypes.POINTER(ctypes.c_void_p)]),
+    "dshim_comm_init_env": (_int, [ctypes.POINTER(ctypes.c_void_p)]),
+    "dshim_config_get_current": (_int, [ctypes.c_char_p, ctypes.c_char_p, _sz]),
 }
 
 _lock = threading.Lock()

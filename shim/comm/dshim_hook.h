@@ -27,6 +27,10 @@ int dshim_hook_owned_here(const dshim_comm_t *comm);
 dshim_status_t dshim_hook_check_owner(const dshim_comm_t *comm, const char *what);
 /* The number of ranks of comm on this host, this one included. */
 int dshim_hook_local_size(const dshim_comm_t *comm);
+/* The communicator's limit on an operation without progress, in seconds
+ * (DSHIM_TIMEOUT or dshim_comm_set_timeout; 0 = none): what an engine that
+ * splits a private communicator from it gives that one too. */
+double dshim_hook_timeout(const dshim_comm_t *comm);
 /* 1 for a communicator made by dshim_comm_init (not by a split). */
 int dshim_hook_is_world(const dshim_comm_t *comm);
 /* "rank 3 (host h, pid p)", for messages. */

@@ -86,7 +86,10 @@ import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 need = ["dshim/lib/libdshim.so", "dshim/bin/dshim-run", "dshim/bin/dshim-bench", "dshim/include/dshim.h",
         "dshim/lib/pkgconfig/dshim.pc", "dshim/lib/cmake/dshim/dshimConfig.cmake", "dshim/_version.py",
-        "_dshim_commands.py", "dshim/__init__.py"]
+        "_dshim_commands.py", "dshim/__init__.py",
+        # Horovod's layer, its finder and what registers the finder at start-up (docs/horovod.md)
+        "_dshim_horovod_finder.py", "dshim-horovod.pth", "dshim/_horovod/horovod/__init__.py",
+        "dshim/_horovod/horovod/runner/launch.py"]
 missing = [n for n in need if n not in names]
 grafted = [n for n in names if n.startswith("dshim.libs/")]
 print("files", len(names), "grafted", " ".join(grafted) or "none", "cuda",
@@ -158,6 +161,14 @@ if [ "$v_run" = "$version" ] && [ "$v_py" = "$version" ] && [ "$v_meta" = "$vers
 else
     bad "one version everywhere" "dshim.h $version, dshim-run '$v_run', __version__ '$v_py', abi '$v_abi', metadata '$v_meta'"
 fi
+
+# ---- Horovod: the wheel's finder answers `import horovod` with its own layer, and horovodrun runs
+v_hvd=$(clean "$V/bin/python" -c 'import horovod; print(horovod.__dshim__, horovod.__file__)' 2>&1)
+v_hvdrun=$(clean "$V/bin/horovodrun" --version 2>&1)
+case "$v_hvd|$v_hvdrun" in
+    "True $pkg/_horovod/horovod/__init__.py|0.28.1+dshim.$version") ok "import horovod, horovodrun" "$v_hvdrun" ;;
+    *) bad "import horovod, horovodrun" "import horovod: '$v_hvd'; horovodrun --version: '$v_hvdrun'" ;;
+esac
 
 # ---- where every process took dshim from ---------------------------------------
 # probe_script SRC DST: a copy of SRC that writes, at its end, probe.<pid>: the dshim package it

@@ -181,6 +181,8 @@ enum { NONE = 0, COMM = 1, REQ = 2, ENV = 3 };
     X(config_get_name, NONE, INV, INT_ERR(dshim_config_get(NULL, msg, sizeof(msg))))                           \
     X(config_get_buf, NONE, INV, INT_ERR(dshim_config_get("DSHIM_TIMEOUT", NULL, 16)))                         \
     X(config_get_both, NONE, INV, INT_ERR(dshim_config_get(NULL, NULL, 0)))                                    \
+    X(config_cur_name, NONE, INV, INT_ERR(dshim_config_get_current(NULL, msg, sizeof(msg))))                   \
+    X(config_cur_buf, NONE, INV, INT_ERR(dshim_config_get_current("DSHIM_TIMEOUT", NULL, 16)))                 \
     /* device buffers (this machine may have no CUDA: the NULL check comes first) */                           \
     X(gpu_stage_get_host_p, NONE, INV, PTR_ERR(dshim_gpu_stage_get(16, NULL)))                                 \
     X(gpu_stage_put_block, NONE, OK, VOID_OK(dshim_gpu_stage_put(NULL)))                                       \
@@ -192,7 +194,21 @@ enum { NONE = 0, COMM = 1, REQ = 2, ENV = 3 };
     X(scale_mul_scalar, COMM, INV, dshim_scale_mul(c, rb, sb, 1, F32, NULL))                                   \
     /* flight recorder */                                                                                      \
     X(trace_label_label, NONE, OK, VOID_OK(dshim_trace_label(NULL)))                                           \
-    X(trace_span_name, NONE, OK, VOID_OK(dshim_trace_span(NULL, 1, 2)))
+    X(trace_span_name, NONE, OK, VOID_OK(dshim_trace_span(NULL, 1, 2)))                                       \
+    /* operations matched by name (a NULL desc or op_p with an engine: check_named's test_arguments) */        \
+    X(named_create_comm, NONE, INV, dshim_named_create(NULL, &(dshim_named_t *){NULL}))                        \
+    X(named_create_eng_p, COMM, INV, dshim_named_create(c, NULL))                                              \
+    X(named_submit_eng, NONE, INV,                                                                             \
+      dshim_named_submit(NULL, &(dshim_named_desc_t){.name = "x"}, &(dshim_named_op_t *){NULL}))               \
+    X(named_poll_op, NONE, INV, INT_ERR(dshim_named_poll(NULL)))                                               \
+    X(named_wait_op, NONE, INV, dshim_named_wait(NULL))                                                        \
+    X(named_error_op, NONE, OK, PTR_ERR(dshim_named_error(NULL)))                                              \
+    X(named_result_op, NONE, INV, dshim_named_result(NULL, NULL, NULL, NULL, NULL, 0))                         \
+    X(named_join_rank_op, NONE, INV, INT_ERR(dshim_named_join_rank(NULL)))                                     \
+    X(named_op_free_op, NONE, OK, VOID_OK(dshim_named_op_free(NULL)))                                          \
+    X(named_shutdown_eng, NONE, INV, dshim_named_shutdown(NULL, "why"))                                        \
+    X(named_destroy_eng, NONE, OK, dshim_named_destroy(NULL))                                                  \
+    X(named_timeline_eng, NONE, INV, dshim_named_timeline(NULL, "t.json", 0))
 
 enum {
 #define X(name, needs, expect, expr) CASE_##name,

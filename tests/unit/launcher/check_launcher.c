@@ -258,6 +258,10 @@ START_TEST(hostfile_good)
     ck_assert_str_eq(hosts[1].name, "user@node-2");
     ck_assert_int_eq(hosts[1].port, 2222);
     ck_assert_str_eq(hosts[2].name, "10.0.0.3");
+    /* slots=N is kept (--horovod-env places that many ranks there); -1 where not given */
+    ck_assert_int_eq(hosts[0].slots, -1);
+    ck_assert_int_eq(hosts[1].slots, 4);
+    ck_assert_int_eq(hosts[2].slots, -1);
     for (int i = 0; i < n; i++) {
         free(hosts[i].name);
     }

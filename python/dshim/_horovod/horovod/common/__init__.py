@@ -1,0 +1,1 @@
+"""Horovod's framework-independent core (basics, process sets, exceptions, util) on dshim."""

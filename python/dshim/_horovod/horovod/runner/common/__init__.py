@@ -1,0 +1,1 @@
+"""Horovod's launcher helpers shared by its launch modes (host parsing and placement)."""
