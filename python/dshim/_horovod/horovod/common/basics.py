@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence
 
 from horovod.common import util as util
 from horovod.common.exceptions import HorovodInternalError
-from horovod.common.process_sets import ProcessSet, global_process_set, _init_process_sets
+from horovod.common.process_sets import _init_process_sets
 
 NOT_INITIALIZED = 'Horovod has not been initialized; use hvd.init().'
 
