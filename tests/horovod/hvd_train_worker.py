@@ -17,6 +17,10 @@ syncbn --device cpu|cuda
     synchronized batch-norm kernels are CUDA-only).  cuda: each rank normalizes its own uneven
     share of a batch; outputs, running statistics and gradients equal torch's BatchNorm1d over
     the whole batch; eval mode uses the running statistics.
+elastic
+    hvd.elastic.run with TorchState (model, DistributedOptimizer, ElasticSampler, a plain value):
+    a simulated HorovodInternalError restores the last commit and re-initializes Horovod; a host
+    update that only rank 0 receives interrupts every rank at the same commit.
 
 Each mode prints `OK <mode> rank R` on success; any failure raises (non-zero exit).
 """
@@ -226,15 +230,73 @@ def mode_syncbn(args):
     print(f"OK syncbn cuda rank {rank}", flush=True)
 
 
+def mode_elastic(args):
+    """hvd.elastic.run over real resets: a failed collective (HorovodInternalError) restores the
+    last commit and re-initializes Horovod; a host update heard by rank 0 alone interrupts every
+    rank at the same commit, without a restore; each reset runs the reset callbacks and then
+    synchronizes the state from rank 0."""
+    import time
+    import horovod.torch as hvd
+    from horovod.common.elastic import notification_manager
+    from horovod.runner.elastic.worker import HostUpdateResult
+    hvd.init()
+    rank = hvd.rank()
+
+    model = model_for(rank)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(list(range(4 * PER_RANK * hvd.size())), shuffle=True, seed=3)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, batch=10 + rank)
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    calls = []
+
+    def same_everywhere(t, name):
+        gathered = hvd.allgather(t.unsqueeze(0), name=name)
+        return all(torch.equal(gathered[r], t) for r in range(gathered.shape[0]))
+
+    @hvd.elastic.run
+    def train(state):
+        calls.append(len(calls) + 1)
+        attempt = len(calls)
+        for name, t in state.model.state_dict().items():
+            assert same_everywhere(t, f"elastic.{attempt}.{name}"), (attempt, name)
+        if attempt == 1:
+            assert state.batch == 10, state.batch          # rank 0's, after the first sync
+            x, y = share(global_batches(hvd.size(), 1)[0][0], rank)
+            state.optimizer.zero_grad()
+            F.mse_loss(state.model(x), y).backward()
+            state.optimizer.step()
+            state.sampler.record_batch(0, PER_RANK)
+            state.batch = 5
+            state.commit()
+            state.batch = 7                                # not committed: lost at the restore
+            raise hvd.HorovodInternalError("simulated failure of a collective")
+        if attempt == 2:
+            assert state.batch == 5 and resets == [hvd.size()], (state.batch, resets)
+            assert state.sampler.processed_num == PER_RANK * hvd.size(), state.sampler.processed_num
+            assert len(state.sampler) == 3 * PER_RANK, len(state.sampler)
+            if rank == 0:
+                notification_manager.handle_hosts_updated(time.time(), HostUpdateResult.added)
+            state.batch = 6
+            state.commit()                                 # raises on every rank: rank 0 heard of hosts
+            raise AssertionError("commit after a host update did not interrupt")
+        assert state.batch == 6 and len(resets) == 2, (state.batch, resets)
+        return state.batch
+
+    assert train(state) == 6 and calls == [1, 2, 3], calls
+    print(f"OK elastic rank {rank}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["train", "optstate", "syncbn"])
+    p.add_argument("mode", choices=["train", "optstate", "syncbn", "elastic"])
     p.add_argument("--impl", choices=["hvd", "ddp"], default="hvd")
     p.add_argument("--variant", default="plain")
     p.add_argument("--out", default=None)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = p.parse_args()
-    {"train": mode_train, "optstate": mode_optstate, "syncbn": mode_syncbn}[args.mode](args)
+    {"train": mode_train, "optstate": mode_optstate, "syncbn": mode_syncbn, "elastic": mode_elastic}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
   gradient_predivide_factor=2, backward_passes_per_step=2 (DDP: no_sync) and Compression.fp16
   (DDP: fp16_compress_hook).
 - broadcast_optimizer_state restores rank 0's Adam state and options on every rank.
+- hvd.elastic.run: a failed collective restores the last commit and re-initializes Horovod; a
+  host update heard by rank 0 interrupts every rank at the same commit.
 - hvd.SyncBatchNorm: Horovod's refusal of CPU input in training; on a GPU machine, its
   synchronized statistics and gradients against BatchNorm1d over the global batch.
 
@@ -161,6 +163,12 @@ def test_distributed_optimizer_equals_ddp(variant, marker, tmp_path):
 def test_broadcast_optimizer_state_restores_adam(marker):
     out = run_ranks(marker, ["optstate"])
     assert out.count("OK optstate") == 2, out[-3000:]
+
+
+@pytest.mark.timeout(JOB_TIMEOUT + 30)
+def test_elastic_run_resets(marker):
+    out = run_ranks(marker, ["elastic"])
+    assert out.count("OK elastic") == 2, out[-3000:]
 
 
 @pytest.mark.timeout(JOB_TIMEOUT + 30)

@@ -9,7 +9,6 @@ Horovod sends them, so the names a script sees in a timeline or a stall warning
 import collections
 import io
 
-import cloudpickle
 import torch
 
 from horovod.torch.mpi_ops import allgather, broadcast_, broadcast_async_
@@ -17,6 +16,17 @@ from horovod.torch.mpi_ops import synchronize
 from horovod.torch.mpi_ops import rank, size
 from horovod.torch.mpi_ops import global_process_set
 
+
+
+def _cloudpickle():
+    """cloudpickle, which Horovod itself requires; imported on first use so that horovod.torch loads
+    without it (pip install dshim[horovod] brings it)."""
+    try:
+        import cloudpickle
+    except ImportError:
+        raise ImportError("horovod.torch on dshim: broadcast_object and allgather_object need cloudpickle, as "
+                          "Horovod does: pip install cloudpickle (or dshim[horovod])") from None
+    return cloudpickle
 
 def broadcast_parameters(params, root_rank):
     """Overwrites every rank's parameters with root_rank's.
@@ -132,7 +142,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
     if rank() == root_rank:
         buf = io.BytesIO()
-        cloudpickle.dump(obj, buf)
+        _cloudpickle().dump(obj, buf)
         payload = torch.ByteTensor(bytearray(buf.getvalue()))
         length = torch.IntTensor([payload.shape[0]])
         broadcast_(length, root_rank, name + '.sz', process_set)
@@ -144,7 +154,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     broadcast_(payload, root_rank, name + '.t', process_set)
 
     if rank() != root_rank:
-        obj = cloudpickle.load(io.BytesIO(payload.numpy().tobytes()))
+        obj = _cloudpickle().load(io.BytesIO(payload.numpy().tobytes()))
     return obj
 
 
@@ -155,7 +165,7 @@ def allgather_object(obj, name=None):
         name = type(obj).__name__
 
     buf = io.BytesIO()
-    cloudpickle.dump(obj, buf)
+    _cloudpickle().dump(obj, buf)
     payload = torch.ByteTensor(bytearray(buf.getvalue()))
     length = torch.IntTensor([payload.shape[0]])
 
@@ -166,6 +176,6 @@ def allgather_object(obj, name=None):
     start = 0
     for i in range(size()):
         end = start + int(lengths[i])
-        objects.append(cloudpickle.load(io.BytesIO(gathered[start:end].tobytes())))
+        objects.append(_cloudpickle().load(io.BytesIO(gathered[start:end].tobytes())))
         start = end
     return objects
