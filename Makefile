@@ -4,7 +4,7 @@ BUILD      ?= build
 JOBS       ?= 2
 CMAKE_ARGS ?=
 
-.PHONY: all setup build test test-fast demo bench bench-scale bench-torch bench-mxnet env-doc wheel install clean
+.PHONY: all setup build test test-fast demo bench bench-scale bench-torch bench-horovod bench-mxnet env-doc wheel install clean
 
 all: build
 
@@ -43,6 +43,16 @@ bench-scale: setup build
 bench-torch: setup build
 	@.venv/bin/python bench/ddp_bench.py --build $(BUILD) --venv .venv --np 2,4 --reps 3 \
 	    --out docs/benchmarks.md
+
+# Horovod's synthetic benchmark (an MLP) and a tiny allreduce: dshim's Horovod layer vs real Horovod 0.28.1
+# (Gloo) vs DDP on dshim, 2 and 4 processes, interleaved; replaces the section "## Horovod: dshim's layer vs
+# real Horovod" of docs/benchmarks.md (~10 min on 2 cores).  Real Horovod lives in its own venv
+# REAL_HOROVOD, built there by scripts/build_real_horovod.sh when missing (~15 min, once)
+REAL_HOROVOD ?= /tmp/hvd-real
+bench-horovod: setup build
+	@scripts/build_real_horovod.sh $(REAL_HOROVOD)
+	@.venv/bin/python bench/horovod_bench.py --build $(BUILD) --venv .venv --real $(REAL_HOROVOD) --np 2,4 \
+	    --reps 5 --out docs/benchmarks.md
 
 # MXNet dist kvstore, dshim's parameter server vs ps-lite (pushpull throughput, Gluon Trainer),
 # interleaved, on loopback and on 2 namespace hosts with 1 Gbit/s links (2-bit); replaces the

@@ -15,6 +15,9 @@
  *    broadcast from each root; barrier;
  *  - join: a joined rank's zeros, the last rank to join, the refusal of an
  *    allgather while a rank has joined, and all ranks usable after it;
+ *  - join as Horovod's test_horovod_join_{allreduce,allgather,broadcast} use
+ *    it, at 2, 3 and 4 ranks: each rank joining first, int32 AVG divided by
+ *    the whole size, the refusals, the same last joined rank everywhere;
  *  - duplicate name (Horovod's text), then the name free again;
  *  - each mismatch (dtype, kind, shape, factors, op, root, device, allgather
  *    dimensions): every rank fails with Horovod's text, the values of each
@@ -710,6 +713,163 @@ START_TEST(test_join)
 }
 END_TEST
 
+/* ---- join as Horovod's own tests use it ------------------------------------------ */
+
+/* Every rank's v gathered under one name (allgather_object's role): 0 when
+ * every rank sent this rank's v. */
+static int gather_same(dshim_named_t *eng, const char *name, int32_t v, int size, char *err, size_t len)
+{
+    int64_t s[1] = {1};
+    dshim_named_desc_t g = {.kind = DSHIM_NAMED_ALLGATHER, .name = name, .dtype = DSHIM_INT32, .ndim = 1,
+                            .shape = s, .sendbuf = &v, .device = -1};
+    dshim_named_op_t *op;
+    if (dshim_named_submit(eng, &g, &op) != DSHIM_OK) {
+        snprintf(err, len, "submit: %s", dshim_last_error());
+        return -1;
+    }
+    int bad = 0;
+    void *data = NULL;
+    size_t bytes = 0;
+    if (dshim_named_wait(op) != DSHIM_OK ||
+        dshim_named_result(op, &data, &bytes, NULL, NULL, 0) != DSHIM_OK || bytes != sizeof(int32_t) * (size_t)size) {
+        snprintf(err, len, "%s", dshim_named_error(op));
+        bad = -1;
+    } else {
+        for (int r = 0; r < size; r++) {
+            if (((int32_t *)data)[r] != v) {
+                snprintf(err, len, "rank %d has %d, this rank %d", r, ((int32_t *)data)[r], v);
+                bad = -1;
+            }
+        }
+    }
+    dshim_named_op_free(op);
+    return bad;
+}
+
+/* Horovod's int32 AVG: the sum times (double)(1/size), truncated */
+static int32_t hvd_avg_i32(int64_t sum, int size)
+{
+    return (int32_t)((1.0 / size) * (double)sum);
+}
+
+#define JA 5         /* tensor_a: carried by the round (20 bytes) */
+#define JB (17 * 17) /* tensor_b: through a collective (1156 bytes) */
+
+/* test_horovod_join_allreduce, test_horovod_join_allgather and
+ * test_horovod_join_broadcast as the upstream file runs them: for each first
+ * rank to join (and for the allreduce with and without a first round where
+ * everyone submits the names), the others submit and then join; every rank
+ * gets the same last joined rank, never the first one, and gathers it. */
+static int body_join_upstream(int rank, int size, int port, void *arg)
+{
+    (void)arg;
+    dshim_comm_t *comm;
+    dshim_named_t *eng;
+    if (start(rank, size, port, &comm, &eng)) {
+        return 2;
+    }
+    int rc = 0;
+    char err[1024];
+    int32_t a[JA], b[JB], ra[JA], rb[JB];
+    int64_t as[1] = {JA}, bs[2] = {17, 17};
+    for (int i = 0; i < JA; i++) {
+        a[i] = (i * 37) % 200 - 100; /* as torch's random_(-100, 100), the same on every rank */
+    }
+    for (int i = 0; i < JB; i++) {
+        b[i] = (i * 53) % 200 - 100;
+    }
+    dshim_named_desc_t da = desc_ar("allreduce.tensor_a", DSHIM_INT32, a, ra, as, 1, DSHIM_AVG);
+    dshim_named_desc_t db = desc_ar("allreduce.tensor_b", DSHIM_INT32, b, rb, bs, 2, DSHIM_AVG);
+    dshim_named_desc_t jd = {.kind = DSHIM_NAMED_JOIN};
+    for (int kind = 0; kind < 3; kind++) { /* allreduce, allgather, broadcast */
+        for (int fj = 0; fj < size; fj++) {
+            for (int caching = 0; caching < (kind == 0 ? 2 : 1); caching++) {
+                dshim_named_op_t *oa = NULL, *ob = NULL, *join = NULL;
+                /* vary who arrives first: the join before, with or after the others' requests */
+                double delay = 0.002 * (double)((rank + fj + caching) % 3);
+                if (caching) {
+                    if (dshim_named_submit(eng, &da, &oa) != DSHIM_OK || dshim_named_submit(eng, &db, &ob) != DSHIM_OK ||
+                        dshim_named_wait(oa) != DSHIM_OK || dshim_named_wait(ob) != DSHIM_OK) {
+                        FAIL("fj %d: allreduce before the join: %s", fj, oa ? dshim_named_error(oa) : "");
+                    }
+                    dshim_named_op_free(oa);
+                    dshim_named_op_free(ob);
+                    oa = ob = NULL;
+                    for (int i = 0; i < JA; i++) {
+                        if (ra[i] != hvd_avg_i32((int64_t)size * a[i], size)) {
+                            FAIL("fj %d: allreduce before the join: element %d is %d", fj, i, ra[i]);
+                        }
+                    }
+                }
+                sleep_s(delay);
+                if (rank != fj && kind == 0) {
+                    if (dshim_named_submit(eng, &da, &oa) != DSHIM_OK || dshim_named_submit(eng, &db, &ob) != DSHIM_OK) {
+                        FAIL("fj %d: submit: %s", fj, dshim_last_error());
+                    }
+                    int sa = dshim_named_wait(oa), sb = dshim_named_wait(ob);
+                    if (sa != DSHIM_OK || sb != DSHIM_OK) {
+                        FAIL("fj %d caching %d: allreduce with a joined rank: %s %s", fj, caching, dshim_named_error(oa),
+                             dshim_named_error(ob));
+                    }
+                    dshim_named_op_free(oa);
+                    dshim_named_op_free(ob);
+                    oa = ob = NULL;
+                    /* AVG divides by the whole size, the joined rank's zeros included */
+                    for (int i = 0; i < JA; i++) {
+                        if (ra[i] != hvd_avg_i32((int64_t)(size - 1) * a[i], size)) {
+                            FAIL("fj %d caching %d: tensor_a element %d is %d, wanted %d", fj, caching, i, ra[i],
+                                 hvd_avg_i32((int64_t)(size - 1) * a[i], size));
+                        }
+                    }
+                    for (int i = 0; i < JB; i++) {
+                        if (rb[i] != hvd_avg_i32((int64_t)(size - 1) * b[i], size)) {
+                            FAIL("fj %d caching %d: tensor_b element %d is %d, wanted %d", fj, caching, i, rb[i],
+                                 hvd_avg_i32((int64_t)(size - 1) * b[i], size));
+                        }
+                    }
+                } else if (rank != fj) {
+                    /* refused while a rank has joined, on every rank that asked, in Horovod's words */
+                    int64_t gs[3] = {17, 17, 17};
+                    float t[17 * 17 * 17] = {0};
+                    dshim_named_desc_t d = {.kind = kind == 1 ? DSHIM_NAMED_ALLGATHER : DSHIM_NAMED_BROADCAST,
+                                            .name = kind == 1 ? "allgather.noname.1" : "broadcast.test_horovod_join_broadcast",
+                                            .dtype = DSHIM_FLOAT32, .ndim = 3, .shape = gs, .sendbuf = t,
+                                            .recvbuf = kind == 1 ? NULL : t, .root = rank, .device = -1};
+                    const char *want = kind == 1 ? "Allgather is not supported with Join at this time."
+                                                 : "Broadcast is not supported with Join at this time.";
+                    if (run_one(eng, &d, err, sizeof(err)) == DSHIM_OK || !strstr(err, want)) {
+                        FAIL("fj %d: %s with a joined rank: '%s'", fj, kind == 1 ? "allgather" : "broadcast", err);
+                    }
+                }
+                if (dshim_named_submit(eng, &jd, &join) != DSHIM_OK || dshim_named_wait(join) != DSHIM_OK) {
+                    FAIL("fj %d: join: %s", fj, join ? dshim_named_error(join) : dshim_last_error());
+                }
+                int ret = dshim_named_join_rank(join);
+                dshim_named_op_free(join);
+                if (ret == fj || ret < 0 || ret >= size) {
+                    FAIL("fj %d kind %d: join returned %d", fj, kind, ret);
+                }
+                if (gather_same(eng, "allgather.int.sz", ret, size, err, sizeof(err))) {
+                    FAIL("fj %d kind %d: join's rank differs between ranks: %s", fj, kind, err);
+                }
+            }
+        }
+    }
+out:
+    dshim_named_destroy(eng);
+    dshim_comm_destroy(comm);
+    return rc;
+}
+
+START_TEST(test_join_upstream)
+{
+    test_rank_result_t res[MAX_N];
+    run_ok(3, body_join_upstream, NULL, NULL, NULL, res);
+    run_ok(2, body_join_upstream, NULL, NULL, NULL, res);
+    run_ok(4, body_join_upstream, NULL, NULL, NULL, res);
+}
+END_TEST
+
 /* ---- duplicate name -------------------------------------------------------------- */
 
 static int body_duplicate(int rank, int size, int port, void *arg)
@@ -1387,6 +1547,7 @@ int main(void)
     tcase_add_test(tc, test_scaling);
     tcase_add_test(tc, test_kinds);
     tcase_add_test(tc, test_join);
+    tcase_add_test(tc, test_join_upstream);
     tcase_add_test(tc, test_duplicate_name);
     tcase_add_test(tc, test_mismatches);
     tcase_add_test(tc, test_arguments);
