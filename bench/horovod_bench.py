@@ -193,7 +193,7 @@ def command(a, impl, n, json_path):
 
 
 def run_job(a, impl, n, rep, log_dir):
-    from run_bench import kill_tree, wait_quiet
+    from run_bench import run_json_job
     json_path = os.path.join(log_dir, f"rep{rep}-np{n}-{impl}.json")
     log_path = os.path.join(log_dir, f"rep{rep}-np{n}-{impl}.log")
     cmd = command(a, impl, n, json_path)
@@ -207,27 +207,9 @@ def run_job(a, impl, n, rep, log_dir):
     env["PATH"] = os.path.join(venv, "bin") + os.pathsep + env.get("PATH", "")
     env["VIRTUAL_ENV"] = venv
     env["OMP_NUM_THREADS"] = "1"
-    quiet = wait_quiet(0.15, 2.0, a.max_wait)
-    print(f"+ rep {rep} np {n} {impl}: {shlex.join(cmd)}", flush=True)
-    t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        p = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            rc = p.wait(timeout=a.timeout)
-        except subprocess.TimeoutExpired:
-            kill_tree(p)
-            rc = "timeout"
-        except BaseException:
-            kill_tree(p)
-            raise
-    wall = time.monotonic() - t0
-    if rc != 0 or not os.path.exists(json_path):
-        with open(log_path) as f:
-            tail = f.read()[-3000:]
-        raise SystemExit(f"horovod_bench: job rep {rep} np {n} {impl} failed (rc {rc}); log {log_path}:\n{tail}")
-    with open(json_path) as f:
-        res = json.load(f)
-    res.update(impl=impl, rep=rep, wall_s=round(wall, 1), quiet=quiet["quiet"], log=os.path.relpath(log_path, REPO))
+    res, wall, quiet = run_json_job(cmd, env, log_path, json_path, a.timeout, a.max_wait,
+                                    f"horovod_bench: job rep {rep} np {n} {impl}")
+    res.update(impl=impl, rep=rep, wall_s=round(wall, 1), quiet=quiet, log=os.path.relpath(log_path, REPO))
     return res
 
 

@@ -229,6 +229,32 @@ def kill_tree(proc):
         proc.wait()
 
 
+
+def run_json_job(cmd, env, log_path, json_path, timeout, max_wait, what):
+    """Runs one job of a Python benchmark (ddp_bench, horovod_bench) once the machine is quiet: its
+    output to log_path, its result read from the JSON file its rank 0 writes.  Exits naming `what` and
+    the log's tail when it fails.  Returns (result dict, wall seconds, whether it started quiet)."""
+    quiet = wait_quiet(0.15, 2.0, max_wait)
+    print(f"+ {what}: {shlex.join(cmd)}", flush=True)
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        p = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(p)
+            rc = "timeout"
+        except BaseException:
+            kill_tree(p)
+            raise
+    wall = time.monotonic() - t0
+    if rc != 0 or not os.path.exists(json_path):
+        with open(log_path) as f:
+            tail = f.read()[-3000:]
+        raise SystemExit(f"{what} failed (rc {rc}); log {log_path}:\n{tail}")
+    with open(json_path) as f:
+        return json.load(f), wall, quiet["quiet"]
+
 def build_bench_c(name, compiler, out_dir, log_dir):
     """Compiles bench/NAME.c into OUT_DIR/NAME when missing or older than its
     source or bench/bench_size.h; None when usable, else why not (the
