@@ -36,7 +36,7 @@ def dshim_spec():
 def choice():
     """DSHIM_HOROVOD as dshim's configuration reads it: 'auto', '0' or '1'."""
     import ctypes
-    from dshim import _lib   # the dshim package without torch (dshim/__init__ imports no framework)
+    from dshim import _lib   # without torch where torch registers dshim at its own import (dshim/__init__)
     buf = ctypes.create_string_buffer(64)
     if _lib.lib().dshim_config_get(b"DSHIM_HOROVOD", buf, len(buf)) != 0:
         raise RuntimeError(f"{_lib.lib().path} has no DSHIM_HOROVOD setting: it is older than this package; "

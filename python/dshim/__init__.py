@@ -93,5 +93,26 @@ def _autoload():
     takeover.maybe_install()
 
 
-# `import dshim` registers too (torch < 2.5 has no autoload)
-_autoload()
+def _torch_will_autoload():
+    """True where torch is not imported yet and its import will call _autoload: torch >= 2.5, with
+    dshim's entry point installed and torch's plugin switch on.  Then `import dshim` (the Horovod
+    layer's finder, horovodrun, an MXNet script) does not pay for importing torch."""
+    try:
+        from importlib.metadata import entry_points, version
+        if not any(ep.value == "dshim:_autoload" for ep in entry_points(group="torch.backends")):
+            return False
+        if tuple(int(x) for x in version("torch").split(".")[:2]) < (2, 5):
+            return False
+        import ctypes
+        from . import _lib
+        buf = ctypes.create_string_buffer(16)
+        if _lib.lib().dshim_config_get_current(b"TORCH_DEVICE_BACKEND_AUTOLOAD", buf, len(buf)) != 0:
+            return False
+        return buf.value == b"1"
+    except Exception:   # no metadata, an odd version string, no library: register now, as before
+        return False
+
+
+# `import dshim` registers too (torch < 2.5 has no autoload), unless torch will do it at its import
+if "torch" in sys.modules or not _torch_will_autoload():
+    _autoload()

@@ -269,6 +269,31 @@ def test_cuda():
 
 
 @pytest.mark.timeout(120)
+def test_import_dshim_before_torch():
+    """`import dshim` before torch (the Horovod layer's finder, horovodrun, MXNet scripts) does not
+    import torch where torch's own import will register the backend (the entry point); with
+    TORCH_DEVICE_BACKEND_AUTOLOAD=0 it registers at once, as without the entry point."""
+    code = r"""
+import importlib.metadata as md, sys
+import dshim
+print("entry", any(e.name == "dshim" for e in md.entry_points(group="torch.backends")),
+      "torch imported", "torch" in sys.modules)
+import torch.distributed as dist
+print("registered", "DSHIM" in dist.Backend._plugins)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSHIM_")}
+    for autoload in ("1", "0"):
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = autoload
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=100)
+        assert out.returncode == 0, out.stderr
+        assert "registered True" in out.stdout, out.stdout
+        if "entry False" in out.stdout:
+            pytest.skip("dshim is not pip-installed into this interpreter (scripts/setup.sh does it)")
+        want = "torch imported False" if autoload == "1" else "torch imported True"
+        assert want in out.stdout, (autoload, out.stdout)
+
+
+@pytest.mark.timeout(120)
 def test_registration():
     """`import torch` registers "dshim" through the torch.backends entry point
     (when the package is installed into this interpreter); `import dshim` twice
