@@ -8,17 +8,31 @@ BUILD=${1:-build}
 JOBS=${JOBS:-2}
 failed=()
 
-stage() { echo; echo "=================== $* ==================="; }
+# Each stage ends with its wall time and the CPU time its processes used (those the stage waited
+# for): the figures to weigh before moving or sharding tests (2 cores: CPU/wall near 2 is saturated).
+children_cpu() {  # sets CPU_NOW; `times` runs in this shell (in a pipe or $(...) a fresh subshell answers)
+    times > "$SCRATCH/times"
+    CPU_NOW=$(tail -1 "$SCRATCH/times" | awk '{t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] } printf "%d", t}')
+}
+stage_end() {
+    [ -n "${stage_name:-}" ] || return 0
+    children_cpu
+    echo "[stage '$stage_name': $(( $(date +%s) - stage_t0 )) s, $(( CPU_NOW - stage_cpu0 )) s of CPU]"
+}
+stage() {
+    stage_end
+    children_cpu
+    stage_name=${1%%:*}; stage_t0=$(date +%s); stage_cpu0=$CPU_NOW
+    echo; echo "=================== $* ==================="
+}
 
 # Flight-recorder dumps of the tests' deliberate failures go here, not to the
 # shared default (/tmp/dshim-trace-<uid>); tests that read dumps set their own.
 DSHIM_TRACE_DIR=$(mktemp -d /tmp/dshim-test-trace.XXXXXX)
 export DSHIM_TRACE_DIR
-# valgrind's logs, and the directory its dshim-run jobs run in (a failed job leaves its
-# dshim-trace-<job> there)
+# valgrind's logs, and the directories its dshim-run jobs run in
 SCRATCH=$(mktemp -d /tmp/dshim-test-scratch.XXXXXX)
 trap 'rm -rf "$DSHIM_TRACE_DIR" "$SCRATCH"' EXIT
-VG_LOG=$SCRATCH/valgrind.log
 
 # Without the CUDA kernels: nvcc's device code is not instrumented, no test
 # here has a GPU to run it, and its three architectures were minutes of each build.
@@ -63,48 +77,56 @@ else
 fi
 
 stage "valgrind: unit tests and a 2-rank conformance run"
-vg_fail=0
-vg_pass=0
+# Each run is one process at a time under valgrind (single-threaded and CPU-bound): $JOBS of them at
+# once.  Every run writes its own log; the tally is made when all have ended.
+VG="valgrind -q --leak-check=full --errors-for-leak-kinds=definite"
+vg_start=$(date +%s)
+vg_n=0
+vg_spawn() {  # name, wanted exit code, strict, command...: runs in the background, in its own log;
+              # strict: any valgrind report fails it (the unit tests' own threads leave "possibly lost"
+              # blocks that only the exit code, definite leaks, judges)
+    local name=$1 want=$2 strict=$3; shift 3
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    vg_n=$((vg_n + 1))
+    local log=$SCRATCH/vg.$vg_n
+    echo "$name" > "$log.name"; echo "$want" > "$log.want"; echo "$strict" > "$log.strict"
+    ( "$@" > "$log" 2>&1; echo $? > "$log.rc" ) &
+}
 for t in "$BUILD"/bin/check_*; do
     # check_failure, check_crash, check_resources and the unit tests that start ranks of their own
     # (check_single_copy, check_xfer, check_host_gate, check_topo, check_named) run under ASan and TSan;
     # under valgrind they added minutes and found nothing those do not
     case $(basename "$t") in check_failure|check_crash|check_resources|check_single_copy|check_xfer|check_host_gate|check_topo|check_named) continue ;; esac
-    CK_FORK=no valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
-        "$t" > "$VG_LOG" 2>&1
-    rc=$?
-    if [ $rc = 0 ]; then
-        vg_pass=$((vg_pass + 1))
-    elif [ $rc = 77 ]; then
-        echo "valgrind: $(basename "$t") skipped ($(head -1 "$VG_LOG"))"
-    else
-        echo "valgrind: $(basename "$t") failed:"; tail -30 "$VG_LOG"; vg_fail=$((vg_fail + 1))
-    fi
+    vg_spawn "$(basename "$t")" 0 no env CK_FORK=no $VG --error-exitcode=9 "$t"
 done
-if DSHIM_TRANSPORT=shm valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite \
-        "$BUILD"/bin/conformance 2 > "$VG_LOG" 2>&1; then
-    vg_pass=$((vg_pass + 1))
-else
-    echo "valgrind: conformance 2 failed:"; tail -30 "$VG_LOG"; vg_fail=$((vg_fail + 1))
-fi
-# dshim-run's controller and agents (the launched programs are not traced):
-# a clean job, and a failing one with a restart (exit code 3 is the job's).
+vg_spawn "conformance 2" 0 no env DSHIM_TRANSPORT=shm $VG --error-exitcode=9 "$BUILD"/bin/conformance 2
+# dshim-run's controller and agents (the launched programs are not traced): a clean job, and a
+# failing one with a restart (exit code 3 is the job's); each in a directory of its own (a failed
+# job leaves its dshim-trace-<job> there)
 vg_run() {
     local want=$1; shift
-    (cd "$SCRATCH" && valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
-        --trace-children=yes --trace-children-skip='/usr/bin/*,/bin/*' \
-        "$OLDPWD/$BUILD"/bin/dshim-run --master-port 0 --no-python "$@") > "$VG_LOG" 2>&1
-    local rc=$?
-    if [ $rc = "$want" ] && ! grep -q '==[0-9]*==' "$VG_LOG"; then
-        vg_pass=$((vg_pass + 1))
-    else
-        echo "valgrind: dshim-run $* failed (exit $rc, wanted $want):"; tail -30 "$VG_LOG"
-        vg_fail=$((vg_fail + 1))
-    fi
+    local dir; dir=$(mktemp -d "$SCRATCH/run.XXXXXX")
+    vg_spawn "dshim-run $*" "$want" yes sh -c 'cd "$1" && shift && exec "$@"' sh "$dir" \
+        $VG --error-exitcode=99 --trace-children=yes --trace-children-skip='/usr/bin/*,/bin/*' \
+        "$(cd "$BUILD" && pwd)"/bin/dshim-run --master-port 0 --no-python "$@"
 }
 vg_run 0 --nproc-per-node 3 /bin/echo hello
 vg_run 3 --nproc-per-node 2 --max-restarts 1 /bin/sh -c 'exit 3'
-echo "valgrind: $vg_pass passed, $vg_fail failed"
+wait
+vg_fail=0
+vg_pass=0
+for i in $(seq 1 "$vg_n"); do
+    log=$SCRATCH/vg.$i
+    name=$(cat "$log.name"); want=$(cat "$log.want"); rc=$(cat "$log.rc" 2>/dev/null || echo none)
+    if [ "$rc" = "$want" ] && { [ "$(cat "$log.strict")" = no ] || ! grep -q '==[0-9]*==' "$log"; }; then
+        vg_pass=$((vg_pass + 1))
+    elif [ "$rc" = 77 ]; then
+        echo "valgrind: $name skipped ($(head -1 "$log"))"
+    else
+        echo "valgrind: $name failed (exit $rc, wanted $want):"; tail -30 "$log"; vg_fail=$((vg_fail + 1))
+    fi
+done
+echo "valgrind: $vg_pass passed, $vg_fail failed ($(( $(date +%s) - vg_start )) s)"
 [ $vg_fail = 0 ] || failed+=("valgrind")
 
 stage "fuzz: libFuzzer on every parser of network bytes (clang build, label fuzz)"
@@ -120,6 +142,7 @@ else
 fi
 echo "fuzz: $(( $(date +%s) - fuzz_start )) s"
 
+stage_end
 echo
 if [ ${#failed[@]} -gt 0 ]; then
     echo "make test: FAILED stages: ${failed[*]}"

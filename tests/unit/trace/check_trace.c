@@ -552,11 +552,12 @@ START_TEST(test_failure_dumps_once)
     dshim_trace_queued(ring, &op);
     sleep_s(1.1); /* another case's failure dump (unforked runs) is older than a second */
     dshim_trace_dump_all("timeout", "rank 0 (host h) in allreduce #0: did not complete");
+    /* the echo at once: checking the first dump in between (a Python process) can take longer than
+     * the second under valgrind on a loaded machine */
+    dshim_trace_dump_all("peer", "an echo");
     char path[600];
     ck_assert(find_dump(tdir, 0, path, sizeof(path)));
     ck_assert_int_eq(validate(path, "h['reason'] == 'timeout' and h['why'].startswith('rank 0 (host h)')"), 0);
-    dshim_trace_dump_all("peer", "an echo");
-    ck_assert_int_eq(validate(path, "h['reason'] == 'timeout'"), 0);
     ck_assert_int_eq(dshim_trace_dump(), DSHIM_OK);
     /* the request replaces the file, not what the failure said */
     ck_assert_int_eq(validate(path, "h['reason'] == 'request' and h['failed_reason'] == 'timeout' and "
