@@ -541,8 +541,8 @@ DSHIM_EXPORT int dshim_config_get(const char *name, char *buf, size_t len)
 }
 
 /* One row parsed from the environment as it is now, by the table's rules (a
- * bad value: the default, as the table loads it), into a scratch copy: the
- * process's table stays as it was loaded. */
+ * bad value: a warning and the default, as the table loads it), into a scratch
+ * copy: the process's table stays as it was loaded. */
 DSHIM_EXPORT int dshim_config_get_current(const char *name, char *buf, size_t len)
 {
     if (name == NULL || buf == NULL) {
@@ -564,7 +564,12 @@ DSHIM_EXPORT int dshim_config_get_current(const char *name, char *buf, size_t le
     const char *val = getenv(r->env);
     char msg[512];
     int from_env = val != NULL && !(val[0] == '\0' && empty_means_unset(r));
-    if (!from_env || parse_checked(r, val, scratch, msg, sizeof(msg)) != DSHIM_OK) {
+    int bad = from_env && parse_checked(r, val, scratch, msg, sizeof(msg)) != DSHIM_OK;
+    if (bad) {
+        /* the table's own words at load (a value set after the load was never checked there) */
+        fprintf(stderr, "DSHIM WARN %s; using the default '%s' (see dshim-run --print-config)\n", msg, r->def);
+    }
+    if (!from_env || bad) {
         if (str) {
             free(*str);
             *str = NULL;

@@ -225,6 +225,11 @@ const char *dshim_named_kind_name(dshim_named_kind_t kind);       /* "allreduce"
 const char *dshim_named_kind_upper(dshim_named_kind_t kind);      /* Horovod's "ALLREDUCE" */
 int64_t dshim_named_elems(int ndim, const int64_t *shape, int from); /* product of shape[from..] */
 
+/* ---- settings (named_settings.c) ---- */
+/* Sets eng's fusion threshold, cycle time and stall inspector from their
+ * HOROVOD_* rows as the environment has them now (at creation: hvd.init()). */
+void dshim_named_read_settings(struct dshim_named *eng);
+
 /* ---- rounds (named_round.c) ---- */
 #define DSHIM_NAMED_SLOT 512
 enum { DSHIM_NAMED_REC_REQ = 1, DSHIM_NAMED_REC_JOIN, DSHIM_NAMED_REC_SHUTDOWN, DSHIM_NAMED_REC_VERDICT };

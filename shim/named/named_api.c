@@ -77,13 +77,7 @@ DSHIM_EXPORT dshim_status_t dshim_named_create(dshim_comm_t *comm, dshim_named_t
     dshim_comm_set_desc(eng->comm, "named operations (Horovod)");
     eng->rank = dshim_comm_rank(eng->comm);
     eng->size = dshim_comm_size(eng->comm);
-    eng->fusion_bytes = cfg->hvd_fusion;
-    /* an idle engine runs one round per cycle: 0.1 ms at least, so that
-     * HOROVOD_CYCLE_TIME=0 does not become a loop of rounds without end */
-    eng->cycle_s = (cfg->hvd_cycle_ms > 0.1 ? cfg->hvd_cycle_ms : 0.1) / 1000.0;
-    eng->stall_on = !cfg->hvd_stall_off;
-    eng->stall_s = cfg->hvd_stall_s;
-    eng->stall_stop_s = cfg->hvd_stall_stop_s;
+    dshim_named_read_settings(eng);
     eng->spin_s = cfg->spin_us > 0 ? (double)cfg->spin_us * 1e-6 : 0;
     eng->reduce_ops = dshim_reduce_cpu_ops(cfg->reduce_isa);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);

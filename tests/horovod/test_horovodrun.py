@@ -125,6 +125,9 @@ def test_dshim_run_command_line(tmp_path):
                         "t.py"]
 
 
+# real horovodrun 0.28.1 (measured, docs/horovod.md "Failures"): its usage then the error, exit 2, for an
+# unknown flag; a Python traceback and exit 1 for a malformed -H and for --min-np on one host; exit 0,
+# doing nothing, for -np 0
 @pytest.mark.parametrize("argv,message", [
     ([], "the following arguments are required: -np/--num-proc"),
     (["-np", "x", "true"], "invalid int value"),
@@ -135,6 +138,7 @@ def test_dshim_run_command_line(tmp_path):
     (["-np", "2", "--host-discovery-script", "d.sh", "true"], "elastic mode"),
     (["-np", "3", "-H", "localhost:1", "true"], "Requested more processes (3) than there are available slots (1)"),
     (["-np", "2", "-H", "a:b", "true"], "Invalid host input"),
+    (["-np", "2", "-H", "localhost:2:3", "true"], "Invalid host input"),
     (["-np", "2", "--hostfile", "/nonexistent/hosts", "true"], "cannot read hostfile"),
     (["-np", "2", "--jsrun", "true"], "--jsrun"),
     (["-np", "2", "--mpi-args=--oversubscribe", "true"], "--mpi-args"),

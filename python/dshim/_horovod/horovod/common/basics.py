@@ -249,6 +249,11 @@ class _Core:
     def _at_exit(self):
         try:
             self.shutdown()
+        except Exception:
+            # an engine whose communicator failed (a rank died) cannot be destroyed cleanly; the
+            # operation that met the failure raised it to the script already, and a traceback at
+            # exit would only repeat it (Horovod's own exit handler says nothing either)
+            pass
         finally:
             world, self.world = self.world, None
             if world is not None:
