@@ -123,4 +123,25 @@ if ! mxvenv_ok; then
         pytest-timeout
     mxvenv_ok || { echo "setup: .venv-mxnet is broken after install (import mxnet failed)" >&2; exit 1; }
 fi
+# horovod.mxnet (dshim's Horovod layer) runs in .venv-mxnet: the same editable install as .venv's (dshim,
+# horovodrun, dshim-horovod.pth), and what Horovod's MXNet tests and broadcast_object import.  pip 23
+# (Python 3.10's) spells -C as --config-settings.
+mxeditable_ok() {
+    .venv-mxnet/bin/python - "$PWD" <<'PYEOF' 2>/dev/null
+import importlib.metadata as md, json, os, sys, sysconfig
+import cloudpickle, mock, packaging
+d = md.distribution("dshim")
+url = json.loads(d.read_text("direct_url.json") or "{}")
+assert url.get("dir_info", {}).get("editable") and url.get("url") == "file://" + sys.argv[1], url
+assert any(ep.name == "horovodrun" for ep in d.entry_points)
+assert os.path.exists(os.path.join(sysconfig.get_paths()["purelib"], "dshim-horovod.pth"))
+PYEOF
+}
+if ! mxeditable_ok; then
+    echo "setup: installing dshim (editable, Python files only), cloudpickle and mock into .venv-mxnet (horovod.mxnet)"
+    .venv-mxnet/bin/pip install -q --disable-pip-version-check cloudpickle mock packaging
+    .venv-mxnet/bin/pip install -q --disable-pip-version-check --no-deps -e . \
+        --config-settings=cmake.define.DSHIM_PYTHON_ONLY=ON
+    mxeditable_ok || { echo "setup: the editable install of dshim into .venv-mxnet did not take" >&2; exit 1; }
+fi
 echo "setup: ok ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), mxnet $MXNET_VERSION)"

@@ -70,6 +70,7 @@ RANK_CMD = ('"$0" -m pytest -v -p no:cacheprovider --timeout "$1" --junit-xml="$
 
 
 def parse_args(argv):
+    global EXPECTED
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--np", type=int, choices=range(1, 17), metavar="N", help="ranks (horovodrun -np N)")
@@ -83,15 +84,22 @@ def parse_args(argv):
     p.add_argument("--hangs", action="append", default=[], metavar="TEST",
                    help="--record: a test that never ends on real Horovod here (seen without it): not run, "
                         "recorded as 'hangs' (any outcome under dshim is accepted for it)")
+    p.add_argument("--expected", default=str(EXPECTED),
+                   help="the expected outcomes' file (--record into a scratch copy, whose new lines are then "
+                        "inserted into expected.txt, where others may be adding lines at the same time)")
     p.add_argument("--build-dir", default=os.environ.get("DSHIM_BUILD_DIR", str(REPO / "build")))
     p.add_argument("--timeout", type=int, default=1200, help="seconds for the whole run")
     p.add_argument("--test-timeout", type=int, default=300, help="seconds for one test (pytest-timeout)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (log, junit XML)")
     args = p.parse_args(argv)
+    EXPECTED = pathlib.Path(args.expected).resolve()   # every reader and --record use this file
     args.path = (UPSTREAM / args.file).resolve()
     if not args.path.is_file() or UPSTREAM not in args.path.parents:
         p.error(f"{args.file}: not a file under {UPSTREAM}")
     args.build_dir = pathlib.Path(args.build_dir).resolve()
+    # absolute but not resolved: the ranks run in the file's directory, and a venv's python is a
+    # symlink whose target is outside the venv
+    args.python = os.path.abspath(args.python)
     if args.hangs and not args.record:
         p.error("--hangs is for --record (real Horovod); expected.txt says which tests hang there")
     if not args.record:
@@ -212,12 +220,24 @@ def run_env(args, work):
     return env
 
 
+def test_names(path):
+    """The test methods of path's classes and of the classes of the files beside it that it imports
+    with `from X import *` (test_mxnet1.py's tests are base_test_mxnet.py's MXTests)."""
+    tree = ast.parse(path.read_text())
+    names = {f.name for c in tree.body if isinstance(c, ast.ClassDef) for f in c.body
+             if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and any(a.name == "*" for a in node.names):
+            sibling = path.parent / (node.module + ".py")
+            if sibling.is_file():
+                names |= test_names(sibling)
+    return names
+
+
 def keyword(args):
     """pytest's -k: the selection, without the tests --hangs names (an expression: --deselect's node ids
     are relative to the rootdir pytest finds, which is the checkout's, not the file's directory)."""
-    tree = ast.parse(args.path.read_text())
-    names = {f.name for c in tree.body if isinstance(c, ast.ClassDef) for f in c.body
-             if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")}
+    names = test_names(args.path)
     missing = set(args.hangs) - names
     if missing:
         raise SystemExit(f"hvd_suite.py: --hangs {' '.join(sorted(missing))}: no such test in {args.path.name}")
