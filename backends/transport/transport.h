@@ -192,16 +192,25 @@ struct dshim_conn {
     int peer;       /* peer rank in the communicator */
     int peer_job;   /* the peer's rank in the job, for messages: peer, except on a
                      * sub-communicator (set by the communicator after connect) */
+    const char *peer_host; /* the peer's host and pid, for messages (set with peer_job; */
+    int peer_pid;          /* NULL/0 where no communicator published the connection) */
     int fd;         /* TCP socket to the peer (data for tcp, control for shm) */
     uint64_t bytes_sent, bytes_received;
 };
 
-/* The peer as messages name it: "rank 1", or "rank 1 (job rank 3)" on a
- * sub-communicator, whose numbering is not the job's. */
+/* The peer as messages name it: "rank 1 (host h, pid 42)", with "job rank 3, "
+ * first on a sub-communicator, whose numbering is not the job's: a dead
+ * peer's message must say where it ran. */
 static inline void dshim_conn_peer_name(const dshim_conn_t *c, char *out, size_t len)
 {
+    char job[32] = "";
     if (c->peer_job != c->peer) {
-        snprintf(out, len, "rank %d (job rank %d)", c->peer, c->peer_job);
+        snprintf(job, sizeof(job), "job rank %d%s", c->peer_job, c->peer_host ? ", " : "");
+    }
+    if (c->peer_host) {
+        snprintf(out, len, "rank %d (%shost %s, pid %d)", c->peer, job, c->peer_host, c->peer_pid);
+    } else if (job[0]) {
+        snprintf(out, len, "rank %d (%s)", c->peer, job);
     } else {
         snprintf(out, len, "rank %d", c->peer);
     }

@@ -297,6 +297,8 @@ static dshim_status_t reserve_pair(dshim_comm_t *comm, int r, int *fallback_p)
 static void publish_conn(dshim_comm_t *comm, int r, dshim_conn_t *conn)
 {
     conn->peer_job = comm->job_rank ? comm->job_rank[r] : r; /* for the transport's messages */
+    conn->peer_host = comm->peers[r].hostname;
+    conn->peer_pid = comm->peers[r].pid;
     __atomic_store_n(&comm->conns[r], conn, __ATOMIC_RELEASE);
     comm->conn_state[r] = DSHIM_CONN_READY;
     __atomic_add_fetch(&comm->nconnects, 1, __ATOMIC_RELEASE);

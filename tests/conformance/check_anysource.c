@@ -527,7 +527,7 @@ START_TEST(test_dead_peer)
     test_rank_result_t res[3];
     int rc = test_run_ranks(3, body_dead, NULL, envs[_i], 30.0, res);
     ck_assert_int_eq(rc, 0);
-    int ok = res[0].exited && res[0].code == 3 && strstr(res[0].err, "rank 2 closed");
+    int ok = res[0].exited && res[0].code == 3 && strstr(res[0].err, "rank 2 (host ") && strstr(res[0].err, ") closed");
     if (!ok) {
         dump(res, 3);
     }

@@ -296,8 +296,9 @@ def test_killed_rank_survivors_raise_naming_it(tmp_path):
         assert r in res, out
         cls, seconds, msg = res[r]
         assert cls == "horovod.common.exceptions.HorovodInternalError", out
-        # the first failure names the dead rank (the host named is the reporting rank's: see the report)
-        assert "rank 2 closed its connection (it exited, crashed or was killed)" in msg, out
+        # the first failure names the reporting rank and the dead one, each with its host
+        assert re.search(rf"rank 2 \(host {re.escape(host)}, pid \d+\) closed its connection \(it exited, "
+                         rf"crashed or was killed\)", msg), out
         assert f"host {host}" in msg, out
         assert seconds < 30, out   # the connection's end, not the timeout
         assert "Traceback" not in outs[r], out   # the failure is reported once, not again at exit

@@ -415,7 +415,7 @@ def test_rank_raises_mid_training(marker):
     named = int(m.group(1))
     if named != 1:
         print(f"dshim-run named rank {named}, which exited before rank 1")
-        assert re.search(rf"\[rank {named}\] .*RuntimeError: dshim: rank {named} .*rank 1 closed its connection",
+        assert re.search(rf"\[rank {named}\] .*RuntimeError: dshim: rank {named} .*rank 1 \(host [^,]+, pid \d+\) closed its connection",
                          out), f"dshim-run named rank {named}, whose output does not blame rank 1:\n{out[-6000:]}"
     assert "dshim-run: job failed with exit code 1" in out, out[-3000:]
     assert "done: 50 steps" not in out, out[-3000:]
