@@ -834,8 +834,10 @@ int run_controller(const run_opts_t *o, run_plan_t *plan, bool *failed)
         run_usage_error("pipe: %s", strerror(errno));
     }
 
-    dshim_store_server_t *store = NULL;
-    if (plan->host_store) {
+    /* per-node runs: node 0's store is already up (the nodes' rendezvous, node_rdzv.c) */
+    dshim_store_server_t *store = plan->store_server;
+    plan->store_server = NULL;
+    if (plan->host_store && store == NULL) {
         int port = 0;
         if (dshim_store_server_start(plan->store_bind, plan->store_port, plan->token, &store, &port) != DSHIM_OK) {
             run_usage_error("cannot host the rendezvous store on port %d: %s", plan->store_port, dshim_last_error());

@@ -18,6 +18,9 @@
 
 int run_node_procs(const run_opts_t *o, int node)
 {
+    if (o->node_nprocs) {
+        return o->node_nprocs[node];  /* per-node runs: what that node's dshim-run said at the rendezvous */
+    }
     if (o->horovod_env && o->hostfile && node < o->nhosts && o->hosts[node].slots > 0) {
         return o->hosts[node].slots;
     }

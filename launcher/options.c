@@ -13,6 +13,7 @@
 
 #include "collect.h"
 #include "config.h"
+#include "flags.h"
 #include "run.h"
 
 void run_print_usage(void)
@@ -67,9 +68,15 @@ void run_print_usage(void)
         "  --version                  print dshim's version\n"
         "  -h, --help                 this text\n"
         "\n"
+        "torchrun's --tee/-t, --redirects/-r, --local-ranks-filter, --role, --run-path, --local-addr,\n"
+        "--rdzv-conf, --logs-specs and launch.py's --env/--env-server/--env-worker VAR:VAL: as there;\n"
+        "the table below (and docs/launcher.md) says what each flag does here.\n"
+        "\n"
         "Environment: DSHIM_RUN_SSH, DSHIM_RUN_MPIRUN, DSHIM_RUN_SRUN, DSHIM_RUN_RSYNC, DSHIM_RUN_PYTHON,\n"
         "DSHIM_RUN_KILL_GRACE (see --print-config and docs/launcher.md).\n",
         stdout);
+    fputs("\n", stdout);
+    run_flags_print_table(stdout);
 }
 
 static long parse_int(const char *opt, const char *val, long lo, long hi)
@@ -120,39 +127,26 @@ static int parse_nproc(const char *val)
     return (int)parse_int("--nproc-per-node", val, 1, 4096);
 }
 
-/* Options taking a value; the rest are flags.  Names are normalised ('_' -> '-'). */
-static const char *const valued[] = {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr",
-                                     "--master-port", "--rdzv-endpoint", "--rdzv-id", "--rdzv-backend",
-                                     "--num-workers", "--num-servers", "--hostfile", "--launcher",
-                                     "--sync-dst-dir", "--max-restarts", "--log-dir", "--timeline", "--diagnose",
-                                     NULL};
-
 static bool takes_value(const char *name)
 {
-    for (int i = 0; valued[i]; i++) {
-        if (strcmp(valued[i], name) == 0) {
-            return true;
-        }
-    }
-    return false;
-}
-
-static const char *short_to_long(char c)
-{
-    switch (c) {
-    case 'n': return "--num-workers";
-    case 's': return "--num-servers";
-    case 'H': return "--hostfile";
-    case 'm': return "--module";
-    case 'h': return "--help";
-    default: return NULL;
-    }
+    return run_flag_takes_value(name);
 }
 
 typedef struct {
     bool torch_only;  /* some torchrun-only option seen (name kept for messages) */
     const char *torch_name;
+    const char *mxnet_name;  /* a launch.py-only flag besides -n/-s (--env-server...) */
 } seen_t;
+
+/* One line naming the nearest known flag, exit 2. */
+static void unknown_option(const char *given, const char *name)
+{
+    const char *near = run_flag_closest(name);
+    if (near) {
+        run_usage_error("unknown option %s; did you mean %s? (dshim-run --help lists every flag)", given, near);
+    }
+    run_usage_error("unknown option %s; dshim-run --help lists every flag", given);
+}
 
 static void apply(run_opts_t *o, seen_t *seen, const char *name, const char *val)
 {
@@ -266,7 +260,17 @@ static void apply(run_opts_t *o, seen_t *seen, const char *name, const char *val
         printf("dshim-run (dshim) %d.%d.%d\n", DSHIM_VERSION_MAJOR, DSHIM_VERSION_MINOR, DSHIM_VERSION_PATCH);
         exit(0);
     } else {
-        run_usage_error("unknown option %s; see dshim-run --help", name);
+        bool torch_only = false, mxnet_only = false;
+        if (!run_apply_more(o, name, val, &torch_only, &mxnet_only)) {
+            unknown_option(name, name);
+        }
+        if (torch_only) {
+            seen->torch_only = true;
+            seen->torch_name = name;
+        }
+        if (mxnet_only) {
+            seen->mxnet_name = name;
+        }
     }
 }
 
@@ -346,8 +350,14 @@ static void validate(run_opts_t *o, const seen_t *seen)
         }
     }
     if (o->style == RUN_STYLE_MXNET) {
+        run_validate_more(o);
         return;
     }
+    if (seen->mxnet_name) {
+        run_usage_error("%s is a launch.py-style option (with -n/--num-workers); torchrun style has no servers "
+                        "or workers: use --env VAR:VAL", seen->mxnet_name);
+    }
+    run_validate_more(o);
     /* torchrun style */
     if (o->launcher == RUN_LAUNCHER_SLURM) {
         /* the allocation's shape, unless given: what an sbatch script asked for */
@@ -432,14 +442,14 @@ void run_parse_options(int argc, char **argv, run_opts_t *o)
         char name[64];
         const char *val = NULL;
         if (a[1] != '-') {
-            const char *l = short_to_long(a[1]);
+            const char *l = run_flag_short(a[1]);
             if (l == NULL) {
-                run_usage_error("unknown option %s; see dshim-run --help", a);
+                unknown_option(a, a);
             }
             snprintf(name, sizeof(name), "%s", l);
             if (a[2] != '\0') {
                 if (!takes_value(name)) {
-                    run_usage_error("unknown option %s; see dshim-run --help", a);
+                    unknown_option(a, a);
                 }
                 val = a + 2;
             }
@@ -447,7 +457,7 @@ void run_parse_options(int argc, char **argv, run_opts_t *o)
             const char *eq = strchr(a, '=');
             size_t len = eq ? (size_t)(eq - a) : strlen(a);
             if (len >= sizeof(name)) {
-                run_usage_error("unknown option %.40s...; see dshim-run --help", a);
+                run_usage_error("unknown option %.40s...; dshim-run --help lists every flag", a);
             }
             memcpy(name, a, len);
             name[len] = '\0';

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include "logspec.h"
 #include "output.h"
 #include "private_fs.h"
 
@@ -15,6 +16,8 @@
 typedef struct {
     FILE *log;
     bool log_failed;
+    FILE *std[2];      /* --tee/--redirects: attempt_N/<local rank>/stdout.log, stderr.log */
+    bool std_failed[2];
     char *tail[TAIL_LINES];
     int tail_next;
     int tail_count;
@@ -53,7 +56,8 @@ run_output_t *run_output_open(const run_opts_t *o, const run_plan_t *plan, int a
 static void open_log(run_output_t *out, int idx)
 {
     proc_out_t *po = &out->procs[idx];
-    if (po->log || po->log_failed || out->opts->log_dir == NULL) {
+    /* with --tee/--redirects the logs are torchrun's files (std_file) instead */
+    if (po->log || po->log_failed || out->opts->log_dir == NULL || out->opts->tee || out->opts->redirects) {
         return;
     }
     char *path = NULL;
@@ -79,6 +83,44 @@ static void open_log(run_output_t *out, int idx)
     free(path);
 }
 
+/* torchrun's layout: <root>/attempt_N/<local rank>/{stdout,stderr}.log (several nodes under one
+ * controller: the rank's file stem instead of the local rank, as local ranks repeat there). */
+static FILE *std_file(run_output_t *out, int idx, bool err)
+{
+    proc_out_t *po = &out->procs[idx];
+    const run_proc_t *p = &out->plan->procs[idx];
+    int s = err ? 1 : 0;
+    if (po->std[s] || po->std_failed[s]) {
+        return po->std[s];
+    }
+    po->std_failed[s] = true;
+    bool one_node = out->plan->per_node || out->opts->nnodes <= 1;
+    char *dir = NULL, *path = NULL;
+    int made = one_node ? asprintf(&dir, "%s/attempt_%d/%d", run_std_log_root(out->opts), out->attempt, p->local_rank)
+                        : asprintf(&dir, "%s/attempt_%d/%s", run_std_log_root(out->opts), out->attempt, p->file);
+    if (made < 0 || dshim_make_dirs(dir) != 0 ||
+        asprintf(&path, "%s/%s.log", dir, err ? "stderr" : "stdout") < 0) {
+        run_say("cannot make log directory %s: %s (output continues on the terminal)", dir ? dir : "?",
+                strerror(errno));
+        free(dir);
+        return NULL;
+    }
+    int fd = dshim_private_open(path, DSHIM_OPEN_TRUNC);
+    int open_errno = errno;
+    po->std[s] = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (po->std[s] == NULL) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        run_say("cannot write log file %s: %s", path, dshim_private_why(open_errno));
+    } else {
+        po->std_failed[s] = false;
+    }
+    free(dir);
+    free(path);
+    return po->std[s];
+}
+
 void run_output_line(run_output_t *out, int idx, bool err, const char *text, size_t len)
 {
     if (idx < 0 || idx >= out->plan->nprocs) {
@@ -86,7 +128,22 @@ void run_output_line(run_output_t *out, int idx, bool err, const char *text, siz
     }
     const run_proc_t *p = &out->plan->procs[idx];
     proc_out_t *po = &out->procs[idx];
-    if (!out->opts->quiet_others || p->shown) {
+    int stream = err ? RUN_STD_ERR : RUN_STD_OUT;
+    int to_file = (run_std_for(out->opts->tee, p->local_rank) | run_std_for(out->opts->redirects, p->local_rank));
+    if (to_file & stream) {
+        FILE *f = std_file(out, idx, err);
+        if (f) {
+            fprintf(f, "%.*s\n", (int)len, text);
+            fflush(f);
+        }
+    }
+    /* torchrun: a redirected stream leaves the console (tee keeps it there); the filter is the console's only */
+    bool redirected = (run_std_for(out->opts->redirects, p->local_rank) & ~run_std_for(out->opts->tee,
+                                                                                       p->local_rank)) & stream;
+    bool filtered = p->local_rank >= 0 && !run_ranks_filter_shows(out->opts->local_ranks_filter, p->local_rank);
+    if ((redirected && std_file(out, idx, err)) || filtered) {
+        /* not on the console */
+    } else if (!out->opts->quiet_others || p->shown) {
         FILE *f = err ? stderr : stdout;
         fprintf(f, "[%s] %.*s\n", p->name, (int)len, text);
         fflush(f);
@@ -129,6 +186,11 @@ void run_output_close(run_output_t *out)
     for (int i = 0; i < out->plan->nprocs; i++) {
         if (out->procs[i].log) {
             fclose(out->procs[i].log);
+        }
+        for (int s = 0; s < 2; s++) {
+            if (out->procs[i].std[s]) {
+                fclose(out->procs[i].std[s]);
+            }
         }
         for (int k = 0; k < TAIL_LINES; k++) {
             free(out->procs[i].tail[k]);

@@ -24,6 +24,7 @@
 #include "net.h"
 #include "collect.h"
 #include "jobdir.h"
+#include "node_rdzv.h"
 #include "private_fs.h"
 #include "run.h"
 
@@ -108,7 +109,12 @@ static char *this_host_addr(const run_opts_t *o, bool single_host)
 static bool addr_is_local(const char *host)
 {
     struct in_addr a;
-    if (dshim_net_resolve(host, &a) != DSHIM_OK) {
+    /* a name that does not resolve is "not local": the caller's one line says so, no WARN line first */
+    int level = dshim_log_level_current;
+    dshim_log_level_current = DSHIM_LOG_NONE;
+    dshim_status_t st = dshim_net_resolve(host, &a);
+    dshim_log_level_current = level;
+    if (st != DSHIM_OK) {
         return false;
     }
     if ((ntohl(a.s_addr) >> 24) == 127) {
@@ -262,9 +268,37 @@ static void check_program(const char *prog)
 }
 
 /* The argv every process runs, with "@LOCAL_RANK@" standing for the legacy argument. */
+/* --run-path: torchrun runs the script with runpy.run_path(path, run_name="__main__") in a Python
+ * interpreter, whatever the script's name and even with --no-python; so does this. */
+static void run_path_argv(const run_opts_t *o, run_strv_t *argv, int *legacy_at)
+{
+    if (o->cmd[0][0] != '/') {
+        run_usage_error("--run-path %s: give the script's absolute path (torchrun's rule: it is run with "
+                        "runpy.run_path)", o->cmd[0]);
+    }
+    check_script(o->cmd[0]);
+    char *py = find_python();
+    run_strv_add(argv, py);
+    free(py);
+    run_strv_add(argv, "-c");
+    run_strv_add(argv, "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')");
+    run_strv_add(argv, o->cmd[0]);
+    if (o->legacy_local_rank_arg) {
+        *legacy_at = argv->n;
+        run_strv_add(argv, "@LOCAL_RANK@");
+    }
+    for (int i = 1; i < o->ncmd; i++) {
+        run_strv_add(argv, o->cmd[i]);
+    }
+}
+
 static void base_argv(run_opts_t *o, run_strv_t *argv, int *legacy_at)
 {
     *legacy_at = -1;
+    if (o->run_path && o->style == RUN_STYLE_TORCH) {
+        run_path_argv(o, argv, legacy_at);
+        return;
+    }
     if (o->style == RUN_STYLE_MXNET || o->no_python) {
         check_program(o->cmd[0]);
         if (o->ncmd > 1 && strstr(o->cmd[0], "python") && ends_with(o->cmd[1], ".py")) {
@@ -320,6 +354,7 @@ static run_proc_t *add_proc(run_plan_t *plan, int *cap, const char *name, const 
     memset(p, 0, sizeof(*p));
     snprintf(p->name, sizeof(p->name), "%s", name);
     snprintf(p->file, sizeof(p->file), "%s", file);
+    p->local_rank = -1;
     p->host = host;
     p->shown = shown;
     return p;
@@ -351,6 +386,17 @@ static run_agent_kind_t kind_for_host(const run_opts_t *o, int host)
     return RUN_AGENT_LOCAL;
 }
 
+/* launch.py's --env/--env-server/--env-worker VAR:VAL, kept as "VAR=VAL" (flags.c): on top of the rest. */
+static void apply_env_pairs(run_strv_t *env, const run_strv_t *pairs)
+{
+    for (int i = 0; i < pairs->n; i++) {
+        const char *eq = strchr(pairs->v[i], '=');
+        char *key = strndup(pairs->v[i], (size_t)(eq - pairs->v[i]));
+        run_strv_setenv(env, key, "%s", eq + 1);
+        free(key);
+    }
+}
+
 static void torch_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, const run_strv_t *argv0,
                         int legacy_at, bool per_node_mode, int attempt)
 {
@@ -372,18 +418,20 @@ static void torch_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, con
     if (o->horovod_env) {
         run_horovod_common_env(common);
     }
-    run_strv_setenv(common, "ROLE_NAME", "default");
+    run_strv_setenv(common, "ROLE_NAME", "%s", o->role ? o->role : "default");
     run_strv_setenv(common, "TORCHELASTIC_RESTART_COUNT", "%d", attempt);
     run_strv_setenv(common, "TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
     run_strv_setenv(common, "TORCHELASTIC_RUN_ID", "%s", o->rdzv_id ? o->rdzv_id : "none");
     /* rank 0 hosts torch's TCPStore itself: dshim-run is not a torch store */
     run_strv_setenv(common, "TORCHELASTIC_USE_AGENT_STORE", "False");
-    run_strv_setenv(common, "TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+    run_strv_setenv(common, "TORCHELASTIC_SIGNALS_TO_HANDLE", "%s",
+                    o->signals_to_handle ? o->signals_to_handle : "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
     const dshim_config_t *cfg = dshim_config();
     if (!dshim_config_is_set("TORCH_NCCL_ASYNC_ERROR_HANDLING")) {
         run_strv_setenv(common, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
     }
-    if (!dshim_config_is_set("OMP_NUM_THREADS") && nproc > 1) {
+    int omp_nproc = per_node_mode ? run_node_procs(o, o->node_rank) : nproc;
+    if (!dshim_config_is_set("OMP_NUM_THREADS") && omp_nproc > 1) {
         run_strv_setenv(common, "OMP_NUM_THREADS", "1");
         if (attempt == 0 && !o->dry_run) {
             run_say("setting OMP_NUM_THREADS=1 for each process (as torchrun does); set it yourself to tune");
@@ -407,6 +455,7 @@ static void torch_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, con
             snprintf(name, sizeof(name), "rank %d", rank);
             snprintf(file, sizeof(file), "rank%d", rank);
             run_proc_t *p = add_proc(plan, &cap, name, file, host, rank == 0);
+            p->local_rank = l;
             run_strv_t env = {0}, argv = {0};
             run_strv_setenv(&env, "RANK", "%d", rank);
             run_strv_setenv(&env, "LOCAL_RANK", "%d", l);
@@ -418,6 +467,7 @@ static void torch_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, con
             if (o->horovod_env) {
                 run_horovod_rank_env(o, node, l, rank, world, &env);
             }
+            apply_env_pairs(&env, &o->env_all);
             /* torch's @record writes a failing rank's exception here; the agent makes the directory */
             run_strv_setenv(&env, "TORCHELASTIC_ERROR_FILE", "%s/attempt_%d/%d/error.json", plan->jobdir,
                             attempt, rank);
@@ -459,6 +509,7 @@ static void mxnet_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, con
     {
         run_strv_t env = {0}, argv = {0};
         run_strv_setenv(&env, "DMLC_ROLE", "scheduler");
+        apply_env_pairs(&env, &o->env_all);
         for (int i = 0; i < argv0->n; i++) {
             run_strv_add(&argv, argv0->v[i]);
         }
@@ -489,6 +540,8 @@ static void mxnet_procs(run_opts_t *o, run_plan_t *plan, run_strv_t *common, con
                 run_strv_setenv(&env, "DMLC_TASK_ID", "%d", i);
                 run_strv_setenv(&env, "DMLC_JOB_CLUSTER", "local");
             }
+            apply_env_pairs(&env, &o->env_all);
+            apply_env_pairs(&env, server ? &o->env_server : &o->env_worker);
             for (int k = 0; k < argv0->n; k++) {
                 run_strv_add(&argv, argv0->v[k]);
             }
@@ -604,9 +657,16 @@ static char *launcher_addr(const run_opts_t *o, bool per_node_mode, bool single_
     if (o->style != RUN_STYLE_TORCH) {
         return scheduler_addr(o, single_host);
     }
+    if (o->local_addr && !addr_is_local(o->local_addr)) {
+        run_usage_error("--local-addr %s is not an address of this host; give one of its addresses (ip -4 addr)",
+                        o->local_addr);
+    }
     /* a --master-addr naming this host is also how the others reach our store */
     if (o->master_addr && (per_node_mode || addr_is_local(o->master_addr))) {
         return run_xstrdup(o->master_addr);
+    }
+    if (o->local_addr) {
+        return run_xstrdup(o->local_addr);  /* torchrun's --local-addr: how the others reach this node */
     }
     return this_host_addr(o, single_host);
 }
@@ -702,6 +762,20 @@ static void torch_master(const run_opts_t *o, bool per_node_mode, const char *he
     if (o->master_port < 0 && o->horovod_env && master_local) {
         mport = 0;  /* Horovod's ranks do not use torch's store address: any free port, no clash between jobs */
     }
+    /* rank 0 runs here (one node on this machine, or node 0 of a per-node run): a master address of
+     * another host would leave torch's ranks retrying for 30 minutes; say so now */
+    bool rank0_here = !o->hostfile && o->launcher == RUN_LAUNCHER_LOCAL && (!per_node_mode || o->node_rank == 0);
+    if (o->master_addr && rank0_here && !master_local) {
+        struct in_addr a;
+        int level = dshim_log_level_current;
+        dshim_log_level_current = DSHIM_LOG_NONE;
+        bool resolves = dshim_net_resolve(o->master_addr, &a) == DSHIM_OK;
+        dshim_log_level_current = level;
+        run_usage_error("--master-addr %s %s, but rank 0 runs here (%s): give this host's address (ip -4 addr) or "
+                        "127.0.0.1%s", o->master_addr, resolves ? "is not an address of this host" : "does not resolve",
+                        per_node_mode ? "--node-rank 0" : "a one-node job",
+                        per_node_mode ? ", and the same to every node" : "");
+    }
     bool checks_here = master_local && (!per_node_mode || o->node_rank == 0);
     if (mport == 0) {
         if (!master_local) {
@@ -747,12 +821,24 @@ void run_build_plan(run_opts_t *o, run_plan_t *plan, int attempt)
     run_strv_t common = {0};
     forwarded_env(plan, &common);
     plan_store(o, plan, per_node_mode, here, &common);
+    if (torch) {
+        torch_master(o, per_node_mode, here, &common);
+    }
+    if (per_node_mode && !o->dry_run) {
+        char name[256] = "?";
+        if (o->local_addr) {
+            snprintf(name, sizeof(name), "%s", o->local_addr);
+        } else if (gethostname(name, sizeof(name)) != 0) {
+            snprintf(name, sizeof(name), "?");
+        }
+        name[sizeof(name) - 1] = '\0';
+        run_node_rendezvous(o, plan, attempt, name);
+    }
 
     run_strv_t argv0 = {0};
     int legacy_at = -1;
     base_argv(o, &argv0, &legacy_at);
     if (torch) {
-        torch_master(o, per_node_mode, here, &common);
         torch_procs(o, plan, &common, &argv0, legacy_at, per_node_mode, attempt);
     } else {
         mxnet_procs(o, plan, &common, &argv0, here, mxnet_root_port(o));

@@ -19,6 +19,13 @@
 /* Exit code for bad input and for anything that stops the job before it starts. */
 #define RUN_EXIT_USAGE 2
 
+/* A growable array of strings (argv/env building). */
+typedef struct {
+    char **v;
+    int n;
+    int cap;
+} run_strv_t;
+
 typedef enum { RUN_STYLE_TORCH, RUN_STYLE_MXNET } run_style_t;
 typedef enum { RUN_LAUNCHER_LOCAL, RUN_LAUNCHER_SSH, RUN_LAUNCHER_MPI, RUN_LAUNCHER_SLURM } run_launcher_t;
 
@@ -61,6 +68,22 @@ typedef struct {
     int ncmd;
     run_host_t *hosts;
     int nhosts;
+    /* per-node runs: every node's process count, learnt at the nodes' rendezvous (node_rdzv.c);
+     * NULL = every node runs --nproc-per-node */
+    int *node_nprocs;
+    /* torchrun's output and naming flags (flags.c, logspec.c) */
+    char *role;               /* --role: ROLE_NAME (default "default") */
+    char *tee;                /* --tee/-t spec: "3" or "0:1,1:2"; NULL = none */
+    char *redirects;          /* --redirects/-r spec */
+    char *local_ranks_filter; /* --local-ranks-filter "0,1": console shows these local ranks only */
+    char *local_addr;         /* --local-addr: this node's address as the other nodes are told it */
+    char *logs_specs;
+    bool run_path;            /* --run-path: run the script with Python's runpy.run_path */
+    char *rdzv_conf;          /* --rdzv-conf k=v,... as given */
+    double join_timeout_s;    /* its join_timeout: the nodes' wait (node_rdzv.c); 0 = DSHIM_CONNECT_TIMEOUT */
+    char *signals_to_handle;  /* --signals-to-handle: TORCHELASTIC_SIGNALS_TO_HANDLE */
+    /* launch.py's --env VAR:VAL (all), --env-server, --env-worker */
+    run_strv_t env_all, env_server, env_worker;
 } run_opts_t;
 
 /* One process of the job. */
@@ -68,6 +91,7 @@ typedef struct {
     char name[48];   /* terminal prefix: "rank 3", "worker 1", "server 0", "scheduler" */
     char file[48];   /* log file stem: "rank3", "worker1", ... */
     int host;        /* index into opts.hosts; -1 = this machine or placed by mpirun/srun */
+    int local_rank;  /* torch style: LOCAL_RANK (--tee, --redirects, --local-ranks-filter); else -1 */
     bool shown;      /* printed on the terminal under --quiet-others */
     char **env;      /* "K=V" set on top of the common environment */
     int nenv;
@@ -100,6 +124,9 @@ typedef struct {
     int attempt;     /* 0, then 1.. for --max-restarts */
     /* what the controller hosts */
     bool host_store;        /* dshim rendezvous store in the controller */
+    /* per-node runs: node 0's store, started by the nodes' rendezvous before the plan (node_rdzv.c);
+     * the controller uses it and stops it.  NULL: the controller starts it */
+    struct dshim_store_server *store_server;
     bool per_node;          /* torchrun multi-node: one dshim-run per node, node 0's hosts the store */
     int node_rank;
     char *store_addr;       /* as the ranks reach it */
@@ -117,12 +144,6 @@ typedef struct {
     char *jobdir;
 } run_plan_t;
 
-/* A growable array of strings (argv/env building). */
-typedef struct {
-    char **v;
-    int n;
-    int cap;
-} run_strv_t;
 
 void run_strv_add(run_strv_t *sv, const char *s);
 void run_strv_addf(run_strv_t *sv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -151,7 +172,7 @@ bool run_host_name_ok(const char *name);
 void run_build_plan(run_opts_t *opts, run_plan_t *plan, int attempt);
 void run_print_plan(const run_opts_t *opts, const run_plan_t *plan);
 void run_free_plan(run_plan_t *plan);
-/* horovod_env.c: the ranks a node runs (a host's slots=N under --horovod-env, else
+/* horovod_env.c: the ranks a node runs (its own count in per-node runs, a host's slots=N under --horovod-env, else
  * --nproc-per-node), and Horovod's variables (as horovodrun's gloo launcher sets them) */
 int run_node_procs(const run_opts_t *opts, int node);
 void run_horovod_common_env(run_strv_t *common);

@@ -691,6 +691,29 @@ t_twice() {
         { echo "  GROUP_RANKs seen: $groups, expected 0 and 1"; return 1; }
 }
 
+# 8c. per-node mode across two hosts with uneven nodes (issue 39): node 0 (host 0) runs 2 ranks, node 1
+# (host 1, its own dshim-run) 1 rank; the launchers meet in node 0's store, the world is 3 and a real
+# dshim-bench job runs across them (rendezvous and data over the hosts' network).
+t_uneven() {
+    local -a nss bargs=(--no-python "$bench" -b 1M -e 1M -t 0.5)
+    local rc1=0
+    read -r -a nss <<<"$HOSTS_NS"
+    start uneven0 "$work" 60 -- --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr "${ips[0]}" "${bargs[@]}"
+    ip netns exec "${nss[1]}" timeout -k 5 60 env DSHIM_TEST_MARKER="$marker" "$run" --nnodes 2 --node-rank 1 \
+        --nproc-per-node 1 --master-addr "${ips[0]}" "${bargs[@]}" </dev/null >"$work/uneven1.out" \
+        2>"$work/uneven1.err" || rc1=$?
+    bg_wait $(($(now_ms) + 60000)) || { echo "  node 0's dshim-run still runs"; show_output uneven0; return 1; }
+    [ "$rc" = 0 ] && [ "$rc1" = 0 ] ||
+        { echo "  exit codes node 0 $rc, node 1 $rc1"; show_output uneven0; show_output uneven1; return 1; }
+    grep -qE '^\[rank 0\] # dshim-bench .*3 ranks' "$work/uneven0.out" ||
+        { echo "  rank 0's header does not say 3 ranks"; show_output uneven0; return 1; }
+    grep -qE '^\[rank 0\] +[0-9]+ .* ok$' "$work/uneven0.out" ||
+        { echo "  no result line of rank 0 ending in 'ok'"; show_output uneven0; return 1; }
+    # only rank 0 of dshim-bench prints; node 1's launcher says nothing but OMP's note
+    ! grep -v OMP_NUM_THREADS "$work/uneven1.err" | grep -q . || { echo "  node 1 said:"; show_output uneven1; return 1; }
+    echo "  $(grep -E '^\[rank 0\] # dshim-bench' "$work/uneven0.out")"
+}
+
 # 9. no run left its job directory ($TMPDIR/dshim-run.XXXXXX: TORCHELASTIC_ERROR_FILE's, the
 # ranks' dumps) behind on any host (the hosts share this filesystem); the test removes what it finds.
 t_tmp_left() {
@@ -702,7 +725,7 @@ t_tmp_left() {
         rm -rf "$TMPDIR"/dshim-run.*
         ok=1
     fi
-    [ "${#runs[@]}" = 14 ] || { echo "  ${#runs[@]} runs recorded, expected 14"; ok=1; }
+    [ "${#runs[@]}" = 15 ] || { echo "  ${#runs[@]} runs recorded, expected 15"; ok=1; }
     return $ok
 }
 
@@ -730,6 +753,7 @@ check "7a --sync-dst-dir: job runs in the synced dir on every host" t_sync
 check "7b --sync-dst-dir that cannot be created: exit 2, nothing started" t_sync_fail
 check "8a host:22 lines" t_ports
 check "8b same host twice with --nnodes 2" t_twice
+check "8c per-node, uneven: 2 ranks on host 0 + 1 on host 1 (own dshim-run each), world 3" t_uneven
 check "9 no run left its job directory (\$TMPDIR/dshim-run.*) behind" t_tmp_left
 
 echo "timings:"
