@@ -377,7 +377,7 @@ dshim_status_t dshim_store_get(dshim_store_t *s, const char *key, double timeout
     if (status == DSHIM_STORE_ST_TIMEOUT) {
         return dshim_error(DSHIM_ERR_TIMEOUT,
                            "timed out after %.1f s waiting for key '%.200s' in the rendezvous store at %s; the "
-                           "rank that should set it may have failed or not started (DSHIM_TIMEOUT sets the wait)",
+                           "rank that should set it may have failed or not started",
                            timeout_s, key, s->where);
     }
     return dshim_error(DSHIM_ERR_PROTOCOL, "unexpected status %u from the rendezvous store at %s to get of "
