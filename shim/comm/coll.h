@@ -40,6 +40,11 @@ dshim_status_t dshim_allreduce_gate(dshim_comm_t *comm, const dshim_coll_sig_t *
  * reduce at once. */
 dshim_status_t dshim_allreduce_gate_split(dshim_comm_t *comm, const dshim_coll_sig_t *sig, const void *sbuf,
                                           void *rbuf, size_t count);
+/* An allgatherv in one round (dshim_allgather_gate_fits): every rank copies
+ * its part into its block and arrives, the last one checks the calls (their
+ * totals, and their block counts as a hash) and copies the blocks into the
+ * result block in rank order, and every rank copies the result out. */
+dshim_status_t dshim_allgatherv_gate(dshim_comm_t *comm, dshim_request_t *req);
 
 /* Hierarchical (coll_hier.c; comm->local set): reduce inside the host
  * (shared memory) to its first rank, allreduce between the hosts' first
@@ -212,6 +217,25 @@ static inline int dshim_allreduce_rabenseifner_fits(const dshim_comm_t *comm, si
 #define DSHIM_GATE_ALLREDUCE_FEW_RANKS_MAX_BYTES ((size_t)16 << 10)
 #define DSHIM_GATE_ALLREDUCE_MANY_RANKS 8
 _Static_assert(DSHIM_GATE_ALLREDUCE_MAX_BYTES <= DSHIM_HOST_AREA_DATA, "the host gate's data blocks are too small");
+
+/* Where auto gathers through the gate: one host with shared memory and
+ * more ranks than cores (or a communicator whose background thread shares
+ * the cores with the application's, dshim_hook_shares_cores), up to
+ * DSHIM_GATE_ALLGATHER_MAX_BYTES in all.  The ring's N - 1 steps each wait
+ * for a neighbour to be scheduled; the gate waits once.  Its first user is
+ * the named operations' negotiation round (a 512-byte slot per rank,
+ * shim/named/named_round.c): a 1-float allreduce through the engine, N = 4
+ * on 2 cores, took 4-5x dshim_allreduce's time instead of 7-17x (a busy
+ * machine, interleaved runs).  The same answer on every rank: the counts
+ * are every rank's. */
+#define DSHIM_GATE_ALLGATHER_MAX_BYTES ((size_t)64 << 10)
+_Static_assert(DSHIM_GATE_ALLGATHER_MAX_BYTES <= DSHIM_HOST_AREA_DATA, "the host gate's data blocks are too small");
+
+static inline int dshim_allgather_gate_fits(const dshim_comm_t *comm, size_t bytes)
+{
+    return comm->gate_transport >= 0 && comm->algo == DSHIM_ALGO_AUTO && comm->spin_yields && comm->size > 1 &&
+           bytes > 0 && bytes <= DSHIM_GATE_ALLGATHER_MAX_BYTES;
+}
 
 /* Which allreduce algorithm runs a request: decided here once, for
  * dshim_coll_allreduce and for the flight recorder's entry. */

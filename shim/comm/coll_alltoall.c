@@ -27,6 +27,9 @@ dshim_status_t dshim_coll_allgatherv(dshim_comm_t *comm, dshim_request_t *req)
     size_t es = dshim_dtype_size(req->dtype);
     char *out = req->rbuf;
     const size_t *cnt = req->counts, *dsp = req->displs;
+    if (dshim_allgather_gate_fits(comm, req->count * es)) {
+        return dshim_allgatherv_gate(comm, req);
+    }
     if (out + dsp[r] * es != req->sbuf && cnt[r]) {
         memmove(out + dsp[r] * es, req->sbuf, cnt[r] * es);
     }

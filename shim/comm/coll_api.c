@@ -574,6 +574,7 @@ const char *dshim_algo_name(const dshim_comm_t *comm, const dshim_request_t *req
         return "chain";
     case DSHIM_COLL_ALLGATHER:
     case DSHIM_COLL_ALLGATHERV:
+        return dshim_allgather_gate_fits(comm, bytes) ? "shm-gate" : "ring";
     case DSHIM_COLL_REDUCE_SCATTER:
     case DSHIM_COLL_REDUCE_SCATTERV:
         return "ring";

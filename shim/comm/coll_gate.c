@@ -1,6 +1,6 @@
 /* The algorithms that run through the host gate (host_gate.h, its
- * mechanism): the barrier, and the allreduce in one round or with the
- * reduction split over the ranks.  coll.h says when each runs. */
+ * mechanism): the barrier, the allreduce in one round or with the
+ * reduction split over the ranks, and the small allgather.  coll.h says when each runs. */
 #include <string.h>
 
 #include "coll.h"
@@ -104,6 +104,59 @@ dshim_status_t dshim_allreduce_gate(dshim_comm_t *comm, const dshim_coll_sig_t *
      * reduction writes it only once every rank arrived there */
     memcpy(rbuf, dshim_host_gate_data(area, comm->size, comm->size), bytes);
     dshim_comm_count_moved(comm, bytes, bytes);
+    return DSHIM_OK;
+}
+
+/* The block counts as one word for the check of the calls (FNV-1a; never
+ * 0, which stands for "no counts").  Ranks that pass different counts with
+ * the same total would otherwise get each other's elements in the wrong
+ * blocks, where the ring fails on a message of the wrong size. */
+static uint64_t parts_hash(const size_t *counts, int n)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (int r = 0; r < n; r++) {
+        uint64_t c = counts[r];
+        for (int b = 0; b < 8; b++, c >>= 8) {
+            h = (h ^ (c & 0xff)) * 1099511628211ull;
+        }
+    }
+    return h | 1;
+}
+
+dshim_status_t dshim_allgatherv_gate(dshim_comm_t *comm, dshim_request_t *req)
+{
+    const dshim_coll_sig_t *sig = &req->sig;
+    void *area;
+    DSHIM_CHECK(dshim_host_gate_area(comm, sig, &area));
+    size_t es = dshim_dtype_size(req->dtype), total = req->count * es;
+    copy_in(comm, area, 0, req->sbuf, req->counts[comm->rank] * es, 0, 0);
+    int last;
+    uint64_t episode = dshim_host_gate_arrive_parts(comm, area, sig, parts_hash(req->counts, comm->size), &last);
+    unsigned char *result = dshim_host_gate_data(area, comm->size, comm->size);
+    if (last) {
+        /* into the result block, which the next episode's last arrival
+         * writes only once every rank arrived there (so copied this one
+         * out): a rank's own block is written again as soon as it leaves */
+        int32_t differs = dshim_host_gate_first_differing(comm, area);
+        if (!differs) {
+            size_t at = 0; /* packed in rank order: the caller's displacements may leave gaps */
+            for (int r = 0; r < comm->size; r++) {
+                memcpy(result + at, dshim_host_gate_data(area, comm->size, r), req->counts[r] * es);
+                at += req->counts[r] * es;
+            }
+        }
+        dshim_host_gate_open(area, episode, differs);
+    } else {
+        DSHIM_CHECK(dshim_host_gate_wait_open(comm, sig, area, episode));
+    }
+    DSHIM_CHECK(dshim_host_gate_check_calls(comm, sig, area));
+    unsigned char *out = req->rbuf;
+    size_t at = 0;
+    for (int r = 0; r < comm->size; r++) {
+        memcpy(out + req->displs[r] * es, result + at, req->counts[r] * es);
+        at += req->counts[r] * es;
+    }
+    dshim_comm_count_moved(comm, req->counts[comm->rank] * es, total);
     return DSHIM_OK;
 }
 

@@ -27,6 +27,13 @@ int dshim_hook_owned_here(const dshim_comm_t *comm);
 dshim_status_t dshim_hook_check_owner(const dshim_comm_t *comm, const char *what);
 /* The number of ranks of comm on this host, this one included. */
 int dshim_hook_local_size(const dshim_comm_t *comm);
+/* comm is driven by a background thread while the application's thread
+ * computes: its waits count two busy threads per rank when they decide
+ * whether this host's cores are oversubscribed (then every poll yields the
+ * core, instead of pause-spinning on the core the application needs).
+ * Every rank of comm calls it alike, before comm's first collective: the
+ * algorithm choices depend on it. */
+void dshim_hook_shares_cores(dshim_comm_t *comm);
 /* The communicator's limit on an operation without progress, in seconds
  * (DSHIM_TIMEOUT or dshim_comm_set_timeout; 0 = none): what an engine that
  * splits a private communicator from it gives that one too. */

@@ -13,14 +13,14 @@
 #include "status.h"
 #include "xfer.h"
 
-void dshim_engine_init(dshim_comm_t *comm)
+/* The spin rule of comm's waits, for `threads` busy threads per rank on
+ * this host (1: the rank's own; a communicator a background engine drives
+ * while the application computes: 2). */
+void dshim_engine_spin_rule(dshim_comm_t *comm, int threads)
 {
-    const dshim_config_t *cfg = dshim_config();
-    comm->chunk_bytes = cfg->chunk_bytes < 4096 ? 4096 : cfg->chunk_bytes;
-    comm->small_msg_bytes = cfg->small_msg_bytes;
-    comm->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 1e9;
-    comm->spin_us = cfg->spin_us;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    long busy = (long)comm->nlocal * (threads > 1 ? threads : 1);
+    comm->spin_us = dshim_config()->spin_us;
     /* More ranks than cores here: the peer a rank waits for is then often
      * runnable but not running.  A rank that slept on the doorbell at once
      * paid a futex wake-up and a trip through the scheduler per step (a 4 KiB
@@ -28,16 +28,28 @@ void dshim_engine_init(dshim_comm_t *comm)
      * pause-spins holds the core its peer needs.  So it spins, but yields the
      * core on every poll: the peer runs at once, and the spin costs nothing
      * while the peer has work (docs/benchmarks.md, "Ranks outnumber cores"). */
-    comm->spin_yields = cpus > 0 && comm->nlocal > cpus;
+    comm->spin_yields = cpus > 0 && busy > cpus;
     if (comm->spin_yields) {
         /* A round of an algorithm then takes about nlocal/cpus turns on
          * each core; a spin shorter than that ends in a sleep and a futex
          * wake-up per round (N = 16 on 2 cores: 256 KiB allreduce 1348 ->
          * 1143 us, N = 32: 4958 -> 3744 us).  Yielding, the longer spin
-         * only takes cores nobody else wants. */
+         * only takes cores nobody else wants.  The ranks' turns, not the
+         * threads': a background engine's application thread is not in
+         * the round, and a longer spin only delays the sleep that lets it
+         * compute. */
         long per_core = (comm->nlocal + cpus - 1) / cpus;
         comm->spin_us = comm->spin_us > 1000000 / per_core ? 1000000 : comm->spin_us * per_core;
     }
+}
+
+void dshim_engine_init(dshim_comm_t *comm)
+{
+    const dshim_config_t *cfg = dshim_config();
+    comm->chunk_bytes = cfg->chunk_bytes < 4096 ? 4096 : cfg->chunk_bytes;
+    comm->small_msg_bytes = cfg->small_msg_bytes;
+    comm->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 1e9;
+    dshim_engine_spin_rule(comm, 1);
     comm->check_sig = cfg->check_collectives;
     comm->reduce = dshim_reduce_cpu_ops(cfg->reduce_isa);
     const char *a = cfg->algo;

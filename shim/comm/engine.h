@@ -38,6 +38,11 @@ struct dshim_request {
 };
 
 void dshim_engine_init(dshim_comm_t *comm);
+/* How comm's waits spin (comm->spin_us, spin_yields) for `threads` busy
+ * threads per rank on this host: yielding on every poll once they outnumber
+ * the cores.  The collectives' algorithm choices read spin_yields, so every
+ * rank of comm must give the same count, before comm's first collective. */
+void dshim_engine_spin_rule(dshim_comm_t *comm, int threads);
 /* Queues req (seq assigned now).  blocking: waits and returns the status;
  * otherwise returns DSHIM_OK at once. */
 dshim_status_t dshim_engine_submit(dshim_comm_t *comm, dshim_request_t *req, int blocking);

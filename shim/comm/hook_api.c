@@ -31,6 +31,11 @@ int dshim_hook_local_size(const dshim_comm_t *comm)
     return comm->nlocal;
 }
 
+void dshim_hook_shares_cores(dshim_comm_t *comm)
+{
+    dshim_engine_spin_rule(comm, 2);
+}
+
 double dshim_hook_timeout(const dshim_comm_t *comm)
 {
     return comm->timeout_s >= 1e9 ? 0 : comm->timeout_s; /* 1e9 stands for "no limit" (dshim_engine_init) */

@@ -7,6 +7,7 @@
 #include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -40,8 +41,11 @@ typedef struct gate_slot {
     uint64_t seq;      /* the collective number of that call */
     uint64_t count;
     uint8_t coll, dtype, redop;
+    uint64_t parts;    /* an allgatherv's block counts as a hash (dshim_host_gate_arrive_parts); else 0.
+                        * Last: the fields before it keep the offsets they had before it */
 } gate_slot_t;
 
+_Static_assert(offsetof(gate_slot_t, parts) == 32, "docs/wire-protocol.md section 4 gives the slot's offsets");
 _Static_assert(sizeof(gate_counter_t) <= DSHIM_HOST_AREA_LINE && sizeof(gate_door_t) <= DSHIM_HOST_AREA_LINE &&
                    sizeof(gate_slot_t) <= DSHIM_HOST_AREA_LINE,
                "each part of the gate must fit its line of the host area");
@@ -306,15 +310,22 @@ uint64_t dshim_host_gate_arrive_again(dshim_comm_t *comm, void *area, int *last)
     return episode;
 }
 
-uint64_t dshim_host_gate_arrive(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, int *last)
+uint64_t dshim_host_gate_arrive_parts(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, uint64_t parts,
+                                      int *last)
 {
     gate_slot_t *mine = gate_slot(area, comm->rank);
     mine->seq = sig->seq;
     mine->count = sig->count;
+    mine->parts = parts;
     mine->coll = sig->coll;
     mine->dtype = sig->dtype;
     mine->redop = sig->redop;
     return dshim_host_gate_arrive_again(comm, area, last);
+}
+
+uint64_t dshim_host_gate_arrive(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, int *last)
+{
+    return dshim_host_gate_arrive_parts(comm, area, sig, 0, last);
 }
 
 /* A slot's call as a signature (root -1: no call through the gate has one).
@@ -343,12 +354,19 @@ static int calls_differ(const dshim_comm_t *comm, const dshim_coll_sig_t *a, con
     return differs;
 }
 
+/* Whether two ranks' slots hold different block counts (relaxed: as slot_call). */
+static int parts_differ(void *area, int a, int b)
+{
+    return __atomic_load_n(&gate_slot(area, a)->parts, __ATOMIC_RELAXED) !=
+           __atomic_load_n(&gate_slot(area, b)->parts, __ATOMIC_RELAXED);
+}
+
 int32_t dshim_host_gate_first_differing(dshim_comm_t *comm, void *area)
 {
     dshim_coll_sig_t first = slot_call(gate_slot(area, 0));
     for (int r = 1; r < comm->size; r++) {
         dshim_coll_sig_t call = slot_call(gate_slot(area, r));
-        if (calls_differ(comm, &call, &first)) {
+        if (calls_differ(comm, &call, &first) || parts_differ(area, r, 0)) {
             return r + 1;
         }
     }
@@ -391,6 +409,17 @@ dshim_status_t dshim_host_gate_check_calls(dshim_comm_t *comm, const dshim_coll_
         dshim_coll_sig_t theirs = slot_call(gate_slot(area, r));
         if (r != comm->rank && calls_differ(comm, sig, &theirs)) {
             return dshim_xfer_fail_mismatch(comm, sig, r, &theirs);
+        }
+    }
+    for (int r = 0; r < comm->size; r++) {
+        if (r != comm->rank && parts_differ(area, r, comm->rank)) {
+            /* the same call and total, other blocks: the ring would see a
+             * message of another size; here it is the counts themselves */
+            char who[160];
+            dshim_comm_describe_peer(comm, r, who, sizeof(who));
+            dshim_error_quiet(DSHIM_ERR_MISMATCH, "mismatched block counts: %s passed other counts than this rank "
+                              "(the same total); every rank must pass the same counts to an allgatherv", who);
+            return dshim_xfer_fail(comm, sig, DSHIM_ERR_MISMATCH);
         }
     }
     dshim_error_quiet(DSHIM_ERR_INTERNAL, "host gate: the calls differ, but this rank's matches every other");

@@ -25,8 +25,9 @@
  *               failed: 1 + the rank that failed the communicator,
  *               differs: 1 + a rank whose call differs from rank 0's
  *   line 2 + r  rank r's last episode and call (collective number, kind,
- *               count, dtype, op): who has not arrived, and the check of
- *               the calls, here and against the ranks that send messages
+ *               count, an allgatherv's block counts as a hash, dtype, op):
+ *               who has not arrived, and the check of the calls, here and
+ *               against the ranks that send messages
  *   data        a block per rank and one for the result
  *               (DSHIM_HOST_AREA_DATA bytes each; the split allreduce
  *               uses them as two halves, a piece in each)
@@ -48,7 +49,7 @@ void dshim_host_gate_plan(dshim_comm_t *comm);
 int dshim_host_gate_transport(const dshim_comm_t *comm, const unsigned char *include);
 /* The gate's mechanism, for the algorithms that run through it
  * (coll_gate.c: dshim_barrier_gate, dshim_allreduce_gate,
- * dshim_allreduce_gate_split).  One call through the gate is an episode:
+ * dshim_allreduce_gate_split, dshim_allgatherv_gate).  One call through the gate is an episode:
  * every rank arrives (dshim_host_gate_arrive), the last one to arrive
  * (*last set) does the episode's shared work and opens it
  * (dshim_host_gate_open), the others wait for the open
@@ -68,6 +69,12 @@ static inline unsigned char *dshim_host_gate_data(void *area, int size, int r)
  * (its data, if any, already in its block): returns the episode, *last set
  * when this arrival completed it. */
 uint64_t dshim_host_gate_arrive(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, int *last);
+/* The same with the call's block counts as a hash (parts, not 0: an
+ * allgatherv's, whose calls agree only when every rank passed the same
+ * counts; the total alone is in the call): the last arrival's check and
+ * dshim_host_gate_check_calls compare them too. */
+uint64_t dshim_host_gate_arrive_parts(dshim_comm_t *comm, void *area, const dshim_coll_sig_t *sig, uint64_t parts,
+                                      int *last);
 /* The same for a further episode of the same call (its slot already holds
  * the call): the split allreduce's later pieces. */
 uint64_t dshim_host_gate_arrive_again(dshim_comm_t *comm, void *area, int *last);
@@ -83,7 +90,8 @@ void dshim_host_gate_open(void *area, uint64_t episode, int32_t differs);
 dshim_status_t dshim_host_gate_wait_open(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *area,
                                          uint64_t episode);
 /* After the open: when the last arrival found calls that differ, the
- * mismatch error (this rank's call against one that differs from it). */
+ * mismatch error (this rank's call against one that differs from it, or
+ * its block counts against another's). */
 dshim_status_t dshim_host_gate_check_calls(dshim_comm_t *comm, const dshim_coll_sig_t *sig, void *area);
 /* For the signature check against ranks that send no message: a rank other
  * than this one that arrived at the gate with collective number seq (its

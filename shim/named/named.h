@@ -127,6 +127,7 @@ typedef struct dshim_named_entry {
     double first_time;        /* this rank's clock then (rank 0 judges stalls with it) */
     dshim_named_op_t *mine;   /* this rank's operation, once its request went out */
     int ready;                /* on this round's ready list */
+    unsigned tl_file;         /* the timeline file that has its NEGOTIATE span begun (tl.files then); 0: none */
     struct dshim_named_entry *prev, *next; /* arrival order: every rank scans alike */
 } dshim_named_entry_t;
 
@@ -140,6 +141,7 @@ typedef struct dshim_named_tl {
     double t0;
     dshim_named_map_t pids; /* tensor name -> its "process" */
     int npids;
+    unsigned files;    /* atomic: the files opened so far (the open one's number) */
 } dshim_named_tl_t;
 
 /* ---- the engine ---- */
@@ -303,6 +305,13 @@ void dshim_named_tl_event(struct dshim_named *eng, const char *tensor, char phas
 void dshim_named_tl_end(struct dshim_named *eng, const char *tensor, dshim_dtype_t dtype, int ndim,
                         const int64_t *shape);
 void dshim_named_tl_cycle(struct dshim_named *eng);
+/* Begins e's NEGOTIATE_<kind> span in the open file if that file has not
+ * got it, with an instant for every rank whose request is already in:
+ * requests can come in before the timeline opens (rank 1's, while rank 0
+ * is still in hvd.init opening HOROVOD_TIMELINE), and the span must still
+ * have its start and every rank's arrival.  The engine's thread calls it
+ * before each event of e's negotiation. */
+void dshim_named_tl_negotiating(struct dshim_named *eng, dshim_named_entry_t *e, int kind);
 
 /* ---- the thread (named_loop.c) ---- */
 void *dshim_named_thread(void *arg);

@@ -46,6 +46,12 @@ static dshim_status_t ready_room(dshim_named_t *eng)
 
 static void push_ready(dshim_named_t *eng, dshim_named_entry_t *e)
 {
+    for (int r = 0; r < eng->size; r++) {
+        if (e->reqs[r]) { /* one at least: the entry came with a request */
+            dshim_named_tl_negotiating(eng, e, e->reqs[r]->kind);
+            break;
+        }
+    }
     dshim_named_tl_event(eng, e->name, 'E', "", NULL); /* negotiation over */
     e->ready = 1;
     eng->ready[eng->nready++] = e;
@@ -71,11 +77,6 @@ dshim_status_t dshim_named_table_add(dshim_named_t *eng, int r, const dshim_name
             }
             return dshim_error(DSHIM_ERR_NOMEM, "rank %d: named operations: out of memory (table)", eng->rank);
         }
-        if (__atomic_load_n(&eng->tl.on, __ATOMIC_RELAXED)) {
-            char what[32];
-            snprintf(what, sizeof(what), "NEGOTIATE_%s", dshim_named_kind_upper((dshim_named_kind_t)req->kind));
-            dshim_named_tl_event(eng, e->name, 'B', what, NULL);
-        }
         e->first_round = eng->round;
         e->first_time = dshim_now();
         e->prev = eng->tail;
@@ -93,6 +94,9 @@ dshim_status_t dshim_named_table_add(dshim_named_t *eng, int r, const dshim_name
         return dshim_error(DSHIM_ERR_INTERNAL, "rank %d: named operations: rank %d sent '%s' twice", eng->rank, r,
                            name);
     }
+    /* the span begun (or, the timeline opened since the earlier ranks'
+     * requests came in, begun now with their instants) before this rank's */
+    dshim_named_tl_negotiating(eng, e, req->kind);
     e->reqs[r] = malloc(sizeof(*req) + req->data_len);
     if (!e->reqs[r]) {
         return dshim_error(DSHIM_ERR_NOMEM, "rank %d: named operations: out of memory (table)", eng->rank);

@@ -2,7 +2,9 @@
  * trace written by rank 0 of the engine, in Horovod's format (timeline.cc):
  * every tensor name is a "process" (pid, process_name, process_sort_index),
  * with a NEGOTIATE_<KIND> span from its first request to the round in which
- * it became complete (an instant per rank as its request arrives) and a
+ * it became complete (an instant per rank as its request arrives; a name
+ * whose first requests came in before the file opened begins its span, with
+ * those ranks' instants, at its next event: dshim_named_tl_negotiating) and a
  * <KIND> span around its execution (ended with its dtype and shape);
  * CYCLE_START markers for every round with mark_cycles.  The file is valid
  * JSON after every event (it ends in "]", overwritten by the next one), as
@@ -163,6 +165,27 @@ void dshim_named_tl_end(dshim_named_t *eng, const char *tensor, dshim_dtype_t dt
     dshim_named_tl_event(eng, tensor, 'E', "", args);
 }
 
+void dshim_named_tl_negotiating(dshim_named_t *eng, dshim_named_entry_t *e, int kind)
+{
+    if (!__atomic_load_n(&eng->tl.on, __ATOMIC_ACQUIRE)) {
+        return;
+    }
+    unsigned file = __atomic_load_n(&eng->tl.files, __ATOMIC_ACQUIRE);
+    if (e->tl_file == file) {
+        return;
+    }
+    e->tl_file = file;
+    char what[32], who[16];
+    snprintf(what, sizeof(what), "NEGOTIATE_%s", dshim_named_kind_upper((dshim_named_kind_t)kind));
+    dshim_named_tl_event(eng, e->name, 'B', what, NULL);
+    for (int r = 0; r < eng->size; r++) {
+        if (e->reqs[r]) {
+            snprintf(who, sizeof(who), "%d", r);
+            dshim_named_tl_event(eng, e->name, 'X', who, NULL);
+        }
+    }
+}
+
 dshim_status_t dshim_named_tl_open(dshim_named_t *eng, const char *path, int mark_cycles)
 {
     pthread_mutex_lock(&eng->tl.mu);
@@ -183,6 +206,7 @@ dshim_status_t dshim_named_tl_open(dshim_named_t *eng, const char *path, int mar
             eng->tl.fresh = 1;
             eng->tl.mark = mark_cycles;
             eng->tl.t0 = dshim_now();
+            __atomic_add_fetch(&eng->tl.files, 1, __ATOMIC_RELEASE);
             __atomic_store_n(&eng->tl.on, 1, __ATOMIC_RELEASE);
         }
     }

@@ -23,10 +23,17 @@
  *    naming it, as text and as data;
  *  - which settings send calls through the gate: DSHIM_ALGO=gate up to a
  *    data block, gate-split at any size, never with DSHIM_SHM_GATE=0 or
- *    over sockets; the barrier whenever there is a gate.
+ *    over sockets; the barrier whenever there is a gate;
+ *  - the allgather(v) through the gate (auto's choice, up to 64 KiB, with
+ *    polls that yield: the ranks set up as oversubscribed): uneven blocks,
+ *    a rank with none, displacements with gaps, in place, 2 to 4 ranks;
+ *    the ring past 64 KiB, with a core per thread, another DSHIM_ALGO or no
+ *    gate; a rank that exits before arriving, one that never arrives,
+ *    mismatched totals and mismatched block counts with the same total,
+ *    each failing every other rank naming a rank and the op.
  * Killed ranks at every step of the split gate, the gate's owner killed,
- * an abort reaching the waiters and mismatched calls through the gate are
- * tests/failure/check_failure.c's.
+ * an abort reaching the waiters and mismatched allreduces through the gate
+ * are tests/failure/check_failure.c's.
  */
 #include <check.h>
 #include <stdint.h>
@@ -36,9 +43,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "coll.h"
 #include "comm.h"
 #include "config.h"
 #include "dshim.h"
+#include "engine.h"
 #include "host_gate.h"
 #include "net.h"
 #include "ranks.h"
@@ -387,16 +396,185 @@ START_TEST(test_episode_wrap)
 }
 END_TEST
 
+/* ---- the allgather through the gate ---------------------------------------- */
+
+/* The allgather takes the gate only under DSHIM_ALGO=auto with spin_yields
+ * (dshim_allgather_gate_fits): every rank applies the engine's spin rule as
+ * if each had as many busy threads as this host has cores (2 ranks already
+ * outnumber the cores), which is how the Horovod engine's comm comes to it
+ * (dshim_hook_shares_cores) on a host with few cores.  Same on every rank,
+ * before the first collective, as the rule requires. */
+static void gather_oversubscribed(dshim_comm_t *comm)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    dshim_engine_spin_rule(comm, cpus > 1 ? (int)cpus : 2);
+}
+
+/* The algorithm the recorder names for an allgatherv of `total` int32
+ * elements on comm (dshim_algo_name: what the engine gives the recorder). */
+static const char *gather_algo(dshim_comm_t *comm, size_t total)
+{
+    dshim_request_t req;
+    memset(&req, 0, sizeof(req));
+    req.sig.coll = DSHIM_COLL_ALLGATHERV;
+    req.dtype = DSHIM_INT32;
+    req.count = total;
+    return dshim_algo_name(comm, &req);
+}
+
+/* Uneven blocks: rank r gives parts[r] int32 elements (some none), placed
+ * in the output with a gap of GAP elements after each block (the gate
+ * packs the blocks in rank order; the caller's displacements place them). */
+#define GAP 3
+
+static int32_t gather_in(size_t i, int r)
+{
+    return (int32_t)(r * 1000003 + (int)i * 7 + 1);
+}
+
+typedef struct gather {
+    size_t base;   /* parts[r] = base * (r + 1) + r % 2, but rank 1 gives none when base is 0 */
+    int via_gate;  /* expected: through the gate (no connection, "shm-gate") */
+    int oversub;   /* apply gather_oversubscribed */
+} gather_t;
+
+static size_t gather_part(const gather_t *g, int r)
+{
+    return g->base == 0 ? (size_t)(r == 1 ? 0 : r + 2) : g->base * (size_t)(r + 1) + (size_t)(r % 2);
+}
+
+/* One allgatherv of g's blocks, its result checked element by element and
+ * the gaps and the bytes past the end left as they were. */
+static int gather_once(dshim_comm_t *comm, int rank, int size, const gather_t *g, int in_place)
+{
+    size_t counts[MAX_N] = {0}, displs[MAX_N] = {0}, end = 0, total = 0;
+    for (int r = 0; r < size; r++) {
+        counts[r] = gather_part(g, r);
+        displs[r] = end;
+        end += counts[r] + GAP;
+        total += counts[r];
+    }
+    int32_t *out = malloc((end + GUARD) * sizeof(int32_t)), *in = malloc((counts[rank] + 1) * sizeof(int32_t));
+    int rc = 0;
+    if (!out || !in) {
+        FAIL("out of memory");
+    }
+    for (size_t i = 0; i < end + GUARD; i++) {
+        out[i] = -7;
+    }
+    int32_t *src = in_place ? out + displs[rank] : in;
+    for (size_t i = 0; i < counts[rank]; i++) {
+        src[i] = gather_in(i, rank);
+    }
+    const char *algo = gather_algo(comm, total);
+    if (strcmp(algo, g->via_gate ? "shm-gate" : "ring") != 0) {
+        FAIL("%zu x int32 at %d ranks: the recorder would say %s", total, size, algo);
+    }
+    if (dshim_allgatherv(comm, src, out, counts, displs, DSHIM_INT32) != DSHIM_OK) {
+        FAIL("allgatherv of %zu: %s", total, dshim_last_error());
+    }
+    for (int r = 0; r < size; r++) {
+        for (size_t i = 0; i < counts[r] + GAP; i++) {
+            int32_t want = i < counts[r] ? gather_in(i, r) : -7;
+            if (out[displs[r] + i] != want) {
+                FAIL("allgatherv of %zu: rank %d's element %zu is %d, not %d", total, r, i, out[displs[r] + i], want);
+            }
+        }
+    }
+    for (size_t i = end; i < end + GUARD; i++) {
+        if (out[i] != -7) {
+            FAIL("allgatherv of %zu: element %zu past the end was written", total, i);
+        }
+    }
+out:
+    free(out);
+    free(in);
+    return rc;
+}
+
+static int body_gather(int rank, int size, int port, void *arg)
+{
+    const gather_t *g = arg;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    int rc = 0;
+    if (g->oversub) {
+        gather_oversubscribed(comm);
+    }
+    /* several episodes, each checked: a result block overwritten by the
+     * next episode's before a rank copied it out shows as a wrong value */
+    for (int k = 0; k < 6 && rc == 0; k++) {
+        rc = gather_once(comm, rank, size, g, k % 2);
+    }
+    if (rc == 0 && (connections(comm) == 0) != g->via_gate) {
+        fprintf(stderr, "ERROR: rank %d: %d connections: wanted the allgathers %s the gate\n", rank,
+                connections(comm), g->via_gate ? "through" : "around");
+        rc = 3;
+    }
+    dshim_comm_destroy(comm);
+    return rc;
+}
+
+START_TEST(test_gather_results)
+{
+    /* uneven blocks, one rank giving none, at 2, 3 and 4 ranks; and 64 KiB
+     * in all, the most the gate takes (4 ranks: 1638 * 10 + 2 elements) */
+    const gather_t uneven = {5, 1, 1}, one_empty = {0, 1, 1}, at_most = {1638, 1, 1};
+    for (int n = 2; n <= 4; n++) {
+        run_all_ok(n, body_gather, (void *)&uneven, "auto", NULL);
+        run_all_ok(n, body_gather, (void *)&one_empty, "auto", NULL);
+    }
+    run_all_ok(4, body_gather, (void *)&at_most, "auto", NULL);
+}
+END_TEST
+
+START_TEST(test_gather_choice)
+{
+    /* just past 64 KiB (16392 x int32), a core per thread, another algorithm asked for,
+     * or no gate: the ring (its messages connect the ranks) */
+    const gather_t over = {1639, 0, 1}, idle = {5, 0, 0}, gate = {5, 1, 1}, around = {5, 0, 1};
+    run_all_ok(4, body_gather, (void *)&over, "auto", NULL);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cpus >= 3) {
+        run_all_ok(3, body_gather, (void *)&idle, "auto", NULL); /* 3 ranks on 2 cores would yield anyway */
+    }
+    run_all_ok(3, body_gather, (void *)&gate, "auto", NULL);
+    run_all_ok(3, body_gather, (void *)&around, "ring", NULL);
+    run_all_ok(3, body_gather, (void *)&around, "auto", "DSHIM_SHM_GATE=0");
+}
+END_TEST
+
 /* ---- a rank that exits before arriving; one that never arrives ---------- */
 
 typedef struct absent {
     int victim;
     int exits;    /* 1: exits before its call; 0: arrives after the others timed out */
     double after; /* seconds before it exits, or before it arrives */
+    int gather;   /* the calls are allgatherv through the gate (else allreduces, DSHIM_ALGO=gate) */
 } absent_t;
 
 #define ABSENT_CALL 3 /* the victim's 4th call: collective #3 */
 #define ABSENT_TIMEOUT_S 2.0
+
+/* One call of body_absent's: a 1-int allreduce, or an allgatherv of
+ * uneven blocks (1 or 2 ints a rank). */
+static dshim_status_t absent_call(dshim_comm_t *comm, const absent_t *a, int rank, int size)
+{
+    int32_t v = rank, sum = 0;
+    if (!a->gather) {
+        return dshim_allreduce(comm, &v, &sum, 1, DSHIM_INT32, DSHIM_SUM);
+    }
+    int32_t in[2] = {rank, rank}, out[2 * MAX_N];
+    size_t counts[MAX_N] = {0}, displs[MAX_N] = {0}, at = 0;
+    for (int r = 0; r < size; r++) {
+        counts[r] = 1 + (size_t)(r % 2);
+        displs[r] = at;
+        at += counts[r];
+    }
+    return dshim_allgatherv(comm, in, out, counts, displs, DSHIM_INT32);
+}
 
 static int body_absent(int rank, int size, int port, void *arg)
 {
@@ -406,9 +584,11 @@ static int body_absent(int rank, int size, int port, void *arg)
         return 2;
     }
     int rc = 0;
-    int32_t v = rank, sum = 0;
+    if (a->gather) {
+        gather_oversubscribed(comm);
+    }
     for (int k = 0; k < ABSENT_CALL; k++) {
-        if (dshim_allreduce(comm, &v, &sum, 1, DSHIM_INT32, DSHIM_SUM) != DSHIM_OK) {
+        if (absent_call(comm, a, rank, size) != DSHIM_OK) {
             FAIL("call %d: %s", k, dshim_last_error());
         }
     }
@@ -418,12 +598,12 @@ static int body_absent(int rank, int size, int port, void *arg)
         if (a->exits) {
             _exit(0); /* no goodbye, no destroy */
         }
-        dshim_status_t st = dshim_allreduce(comm, &v, &sum, 1, DSHIM_INT32, DSHIM_SUM);
+        dshim_status_t st = absent_call(comm, a, rank, size);
         fprintf(stderr, "late call: status %d: %s\n", (int)st, dshim_last_error());
         goto out;
     }
     double t0 = dshim_now();
-    dshim_status_t st = dshim_allreduce(comm, &v, &sum, 1, DSHIM_INT32, DSHIM_SUM);
+    dshim_status_t st = absent_call(comm, a, rank, size);
     double took = dshim_now() - t0;
     fprintf(stderr, "call: status %d after %.2f s: %s\n", (int)st, took, dshim_last_error());
     /* the victim named: as exited, or as missing at the timeout */
@@ -432,6 +612,18 @@ static int body_absent(int rank, int size, int port, void *arg)
     const char *why = a->exits ? "exited before it arrived" : "did not complete within";
     if (!strstr(dshim_last_error(), who) || !strstr(dshim_last_error(), why)) {
         FAIL("the error does not say '%s' and '%s'", who, why);
+    }
+    /* the op named, and (allgatherv) that it waited in the gate: the ring
+     * would have connected to its neighbours, and would say it waited for
+     * a message */
+    char op[64];
+    snprintf(op, sizeof(op), "in %s #%d", a->gather ? "allgatherv" : "allreduce", ABSENT_CALL);
+    if (!strstr(dshim_last_error(), op)) {
+        FAIL("the error does not name the call ('%s')", op);
+    }
+    if (a->gather && (connections(comm) != 0 ||
+                      (!a->exits && !strstr(dshim_last_error(), "waiting in shared memory")))) {
+        FAIL("the allgatherv did not wait in the gate (%d connections)", connections(comm));
     }
     /* bounded: a death is seen at the next look (every 50 ms); a timeout
      * after DSHIM_TIMEOUT, never before it.  The upper bounds leave room for
@@ -468,8 +660,10 @@ out:
 
 static void run_absent(int n, const absent_t *a)
 {
-    const char *env[] = {"DSHIM_TRANSPORT=shm", "DSHIM_ALGO=gate", a->exits ? "DSHIM_TIMEOUT=60" : "DSHIM_TIMEOUT=2",
-                         NULL};
+    /* the allreduce through the gate when asked for; the allgather only by
+     * auto's choice (gather_oversubscribed) */
+    const char *env[] = {"DSHIM_TRANSPORT=shm", a->gather ? "DSHIM_ALGO=auto" : "DSHIM_ALGO=gate",
+                         a->exits ? "DSHIM_TIMEOUT=60" : "DSHIM_TIMEOUT=2", NULL};
     test_rank_result_t res[MAX_N];
     int rc = test_run_ranks(n, body_absent, (void *)a, env, 30.0, res);
     /* every other rank fails naming the victim; at least one with the
@@ -499,6 +693,78 @@ START_TEST(test_rank_never_arrives)
 {
     const absent_t a = {.victim = 2, .exits = 0, .after = ABSENT_TIMEOUT_S + 2.5};
     run_absent(4, &a);
+}
+END_TEST
+
+START_TEST(test_gather_rank_exits_before_arriving)
+{
+    const absent_t a = {.victim = 1, .exits = 1, .after = 0.5, .gather = 1};
+    run_absent(3, &a);
+}
+END_TEST
+
+START_TEST(test_gather_rank_never_arrives)
+{
+    const absent_t a = {.victim = 2, .exits = 0, .after = ABSENT_TIMEOUT_S + 2.5, .gather = 1};
+    run_absent(4, &a);
+}
+END_TEST
+
+/* Mismatched allgathers through the gate.  Counts (arg NULL): rank 1
+ * gives 2 elements where the others give 1 (its total differs: the gate
+ * compares the calls' counts).  Blocks (arg non-NULL): the same total, but
+ * rank 1's allgatherv counts say [2, 1, 1] where the others' say [1, 2, 1]
+ * (the ring would see a message of the wrong size; the gate compares the
+ * counts' hash).  Every rank fails at once with the mismatch, naming the
+ * call and a rank whose call differs from its own (rank 1 for the others,
+ * rank 0 for rank 1), and no rank connected to another. */
+static int body_gather_mismatch(int rank, int size, int port, void *arg)
+{
+    const int blocks = arg != NULL;
+    dshim_comm_t *comm;
+    if (test_comm_init(rank, size, port, &comm)) {
+        return 2;
+    }
+    gather_oversubscribed(comm);
+    int rc = 0;
+    int32_t in[2] = {rank, rank}, out[4 * MAX_N];
+    for (int k = 0; k < 2; k++) {
+        if (dshim_allgather(comm, in, out, 1, DSHIM_INT32) != DSHIM_OK) {
+            FAIL("allgather %d: %s", k, dshim_last_error());
+        }
+    }
+    size_t counts[3] = {1, 2, 1}, displs[3] = {0, 2, 4};
+    if (rank == 1) {
+        counts[0] = 2;
+        counts[1] = 1;
+    }
+    double t0 = dshim_now();
+    dshim_status_t st = blocks ? dshim_allgatherv(comm, in, out, counts, displs, DSHIM_INT32)
+                               : dshim_allgather(comm, in, out, rank == 1 ? 2 : 1, DSHIM_INT32);
+    double took = dshim_now() - t0;
+    const char *err = dshim_last_error();
+    fprintf(stderr, "call: status %d after %.2f s: %s\n", (int)st, took, err);
+    char who[64], mine[64];
+    snprintf(who, sizeof(who), "%s rank %d (host", blocks ? "mismatched block counts:" : "but", rank == 1 ? 0 : 1);
+    snprintf(mine, sizeof(mine), "rank %d (host", rank);
+    const char *call = blocks ? "in allgatherv #2" : "in allgather #2";
+    if (st != DSHIM_ERR_MISMATCH || strncmp(err, mine, strlen(mine)) != 0 || !strstr(err, call) ||
+        !strstr(err, "mismatched") || !strstr(err, who)) {
+        FAIL("wanted status %d, '%s... %s' and '%s'", (int)DSHIM_ERR_MISMATCH, mine, call, who);
+    }
+    if (took > 10.0 || connections(comm) != 0) {
+        FAIL("the mismatch took %.2f s, %d connections: not seen in the gate", took, connections(comm));
+    }
+out:
+    dshim_comm_destroy(comm);
+    return rc;
+}
+
+START_TEST(test_gather_mismatch)
+{
+    static int blocks = 1;
+    run_all_ok(3, body_gather_mismatch, NULL, "auto", NULL);
+    run_all_ok(3, body_gather_mismatch, &blocks, "auto", NULL);
 }
 END_TEST
 
@@ -587,6 +853,11 @@ int main(void)
     tcase_add_test(tc, test_rank_exits_before_arriving);
     tcase_add_test(tc, test_rank_never_arrives);
     tcase_add_test(tc, test_settings_choose_gate);
+    tcase_add_test(tc, test_gather_results);
+    tcase_add_test(tc, test_gather_choice);
+    tcase_add_test(tc, test_gather_rank_exits_before_arriving);
+    tcase_add_test(tc, test_gather_rank_never_arrives);
+    tcase_add_test(tc, test_gather_mismatch);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

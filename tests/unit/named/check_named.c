@@ -72,8 +72,9 @@ static void dump(const test_rank_result_t *res, int n)
         goto out;                                                                                                  \
     } while (0)
 
-/* Runs body on n ranks and wants every rank to exit 0; returns the results. */
-static void run_ok(int n, test_rank_body_t body, void *arg, const char *extra1, const char *extra2,
+/* Runs body on n ranks; returns whether every rank exited 0 (the stderr of
+ * each printed if not), and the results. */
+static int run_all(int n, test_rank_body_t body, void *arg, const char *extra1, const char *extra2,
                    test_rank_result_t *res)
 {
     const char *env[] = {"DSHIM_TRANSPORT=shm", "DSHIM_TIMEOUT=30", extra1, extra2, NULL};
@@ -85,7 +86,14 @@ static void run_ok(int n, test_rank_body_t body, void *arg, const char *extra1, 
     if (!ok) {
         dump(res, n);
     }
-    ck_assert_msg(ok, "%d ranks: every rank must exit 0 (stderr above)", n);
+    return ok;
+}
+
+/* Runs body on n ranks and wants every rank to exit 0; returns the results. */
+static void run_ok(int n, test_rank_body_t body, void *arg, const char *extra1, const char *extra2,
+                   test_rank_result_t *res)
+{
+    ck_assert_msg(run_all(n, body, arg, extra1, extra2, res), "%d ranks: every rank must exit 0 (stderr above)", n);
 }
 
 /* The common start of a body: a communicator and an engine over it. */
@@ -1137,6 +1145,21 @@ END_TEST
 
 /* ---- Horovod's timeline ------------------------------------------------------------------ */
 
+static int occurrences(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *at = strstr(text, what); at; at = strstr(at + 1, what)) {
+        n++;
+    }
+    return n;
+}
+
+/* Two allreduces, each with its NEGOTIATE span, both ranks' instants and
+ * its execution in rank 0's file.  The first is rank 1's before rank 0 has
+ * opened the file (as when rank 1 submits while rank 0 is still in
+ * hvd.init opening HOROVOD_TIMELINE: the span begins when rank 0's engine
+ * next sees the name, with rank 1's instant); rank 1 waits for it, so its
+ * second comes after the open (the span from its first request). */
 static int body_timeline(int rank, int size, int port, void *arg)
 {
     const char *path = arg;
@@ -1149,12 +1172,18 @@ static int body_timeline(int rank, int size, int port, void *arg)
     char err[512], *text = NULL;
     float v[100] = {0}, o[100];
     int64_t shape[1] = {100};
+    if (rank == 0) {
+        sleep_s(0.3); /* rank 1's request is in rank 0's table by then (a round every few ms) */
+    }
     if (dshim_named_timeline(eng, path, 1) != DSHIM_OK) {
         FAIL("start: %s", dshim_last_error());
     }
-    dshim_named_desc_t d = desc_ar("allreduce.test \"tl\"", DSHIM_FLOAT32, v, o, shape, 1, DSHIM_SUM);
-    if (run_one(eng, &d, err, sizeof(err)) != DSHIM_OK) {
-        FAIL("allreduce: %s", err);
+    const char *names[] = {"allreduce.test \"tl\"", "tl.second"};
+    for (int k = 0; k < 2; k++) {
+        dshim_named_desc_t d = desc_ar(names[k], DSHIM_FLOAT32, v, o, shape, 1, DSHIM_SUM);
+        if (run_one(eng, &d, err, sizeof(err)) != DSHIM_OK) {
+            FAIL("allreduce %d: %s", k, err);
+        }
     }
     if (dshim_named_timeline(eng, NULL, 0) != DSHIM_OK) {
         FAIL("stop: %s", dshim_last_error());
@@ -1167,8 +1196,7 @@ static int body_timeline(int rank, int size, int port, void *arg)
             fclose(f);
         }
         const char *want[] = {"\"start_time_since_epoch_in_micros\":", "\"args\": {\"name\": \"allreduce.test \\\"tl\\\"\"}",
-                              "\"name\": \"NEGOTIATE_ALLREDUCE\"", "\"ph\": \"X\", \"name\": \"1\"",
-                              "\"name\": \"ALLREDUCE\"", "\"dtype\": \"float32\", \"shape\": \"[100]\"",
+                              "\"args\": {\"name\": \"tl.second\"}", "\"dtype\": \"float32\", \"shape\": \"[100]\"",
                               "\"name\": \"CYCLE_START\""};
         if (n < 2 || text[0] != '[' || text[n - 1] != ']') {
             FAIL("the file is not a JSON array: '%s'", text);
@@ -1177,6 +1205,17 @@ static int body_timeline(int rank, int size, int port, void *arg)
             if (!strstr(text, want[i])) {
                 FAIL("the timeline lacks %s:\n%s", want[i], text);
             }
+        }
+        /* per allreduce: its span begun and ended, both ranks' instants, its execution */
+        const char *twice[] = {"\"ph\": \"B\", \"name\": \"NEGOTIATE_ALLREDUCE\"", "\"ph\": \"X\", \"name\": \"0\"",
+                               "\"ph\": \"X\", \"name\": \"1\"", "\"ph\": \"B\", \"name\": \"ALLREDUCE\""};
+        for (size_t i = 0; i < sizeof(twice) / sizeof(twice[0]); i++) {
+            if (occurrences(text, twice[i]) != 2) {
+                FAIL("the timeline has %s %d times, not 2:\n%s", twice[i], occurrences(text, twice[i]), text);
+            }
+        }
+        if (occurrences(text, "\"ph\": \"E\"") != 4) {
+            FAIL("the timeline has %d span ends, not 4:\n%s", occurrences(text, "\"ph\": \"E\""), text);
         }
     }
 out:
@@ -1192,9 +1231,10 @@ START_TEST(test_timeline)
     char dir[] = "/tmp/check_named.XXXXXX", path[64];
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(path, sizeof(path), "%s/timeline.json", dir);
-    run_ok(2, body_timeline, path, NULL, NULL, res);
-    unlink(path);
+    int ok = run_all(2, body_timeline, path, NULL, NULL, res);
+    unlink(path); /* before the verdict: a failed assertion ends this process */
     rmdir(dir);
+    ck_assert_msg(ok, "2 ranks: every rank must exit 0 (stderr above)");
 }
 END_TEST
 
