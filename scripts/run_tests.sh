@@ -58,10 +58,12 @@ peer_start=$(date +%s)
 grep -hE '^[a-zA-Z].*: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$BUILD/Testing/Temporary/LastTest.log" 2>/dev/null
 echo "peer: $(( $(date +%s) - peer_start )) s"
 
+# The sanitizer stages' tests mostly wait too (at JOBS slots ASan kept one core busy, TSan 1.2):
+# ASan gets the normal stage's slots, TSan (several times slower, its ranks on 1-3 per test) one more
 stage "ASan+UBSan build"
 if build_variant build-asan address; then
     (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-        ctest --output-on-failure -j"$JOBS" -LE 'launcher|install|soak' -E 'np8|tcp.np4|hosts3' --timeout 1500) ||
+        ctest --output-on-failure -j"$NORMAL_JOBS" -LE 'launcher|install|soak' -E 'np8|tcp.np4|hosts3' --timeout 1500) ||
         failed+=("asan")
 else
     echo "ASan build failed"; failed+=("asan-build")
@@ -70,7 +72,7 @@ fi
 stage "TSan build (threaded core)"
 if build_variant build-tsan thread; then
     (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-        ctest --output-on-failure -j"$JOBS" -L 'unit|conformance|failure|tsan' -E 'np4|np5|np6|np8' --timeout 1500) ||
+        ctest --output-on-failure -j"$((JOBS + 1))" -L 'unit|conformance|failure|tsan' -E 'np4|np5|np6|np8' --timeout 1500) ||
         failed+=("tsan")
 else
     echo "TSan build failed"; failed+=("tsan-build")
