@@ -39,8 +39,31 @@ _DROP_EXACT = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RA
                "MASTER_ADDR", "MASTER_PORT", "LD_PRELOAD", "TORCH_DISTRIBUTED_DEBUG"}
 
 
+# torch's own gloo (no dshim: the reference runs) connects its full mesh within the group timeout; with
+# the short timeouts of the failure scenarios, ranks that start seconds apart on a loaded machine miss it
+GLOO_CONNECT_TIMEOUT = "Gloo connectFullMesh failed with"
+
+
 def run(backend, scenario, preload, timeout=120, pg_timeout=60):
-    """Runs N ranks; returns {rank: observed dict} (fails the test on a crash or hang)."""
+    """Runs N ranks; returns {rank: observed dict} (fails the test on a crash or hang).  A reference
+    run of torch's gloo whose mesh did not connect in time is repeated once, saying so: that is gloo's
+    start-up on a loaded machine, not the behaviour under test."""
+    procs, outs = _spawn(backend, scenario, preload, timeout, pg_timeout)
+    if not preload and backend != "dshim" and any(GLOO_CONNECT_TIMEOUT in out for out in outs):
+        print(f"{scenario}: torch's gloo did not connect its mesh within {pg_timeout} s; repeating the "
+              f"reference run once")
+        procs, outs = _spawn(backend, scenario, preload, timeout, pg_timeout)
+    what = f"{scenario} with backend {backend}{' under the takeover' if preload else ''}"
+    results = {}
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert p.returncode == 0 and lines, f"{what}: rank {r} (rc {p.returncode}):\n{out[-4000:]}"
+        results[r] = json.loads(lines[-1][len("RESULT "):])
+    return results, outs
+
+
+def _spawn(backend, scenario, preload, timeout, pg_timeout):
+    """Runs N ranks of the worker to their end (killed at the timeout); returns (processes, outputs)."""
     port = free_port()
     env = job_free_env(_DROP_PREFIXES, _DROP_EXACT)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -66,13 +89,7 @@ def run(backend, scenario, preload, timeout=120, pg_timeout=60):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    what = f"{scenario} with backend {backend}{' under the takeover' if preload else ''}"
-    results = {}
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-        assert p.returncode == 0 and lines, f"{what}: rank {r} (rc {p.returncode}):\n{out[-4000:]}"
-        results[r] = json.loads(lines[-1][len("RESULT "):])
-    return results, outs
+    return procs, outs
 
 
 def without(results, *keys):
